@@ -1,0 +1,49 @@
+# pgnb: two commands on a fresh machine -- `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+# A CPU build of torch; override e.g. `make test TORCH_SPEC="torch==2.14.1"` (or TORCH_SPEC= to keep yours).
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+PYTEST_ARGS ?=
+# Debian packages the tests use (browser test, MPI launcher, network namespaces).
+APT_PACKAGES := chromium openmpi-bin libopenmpi-dev iproute2
+
+.PHONY: demo test venv test-venv system-deps bench soak lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+venv: $(PY)
+	@if [ -n "$(TORCH_SPEC)" ]; then $(PIP) install "$(TORCH_SPEC)"; fi
+	$(PIP) install -e .
+
+demo: venv
+	$(VENV)/bin/pgnb demo
+
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else echo "warning: missing Debian packages:$$missing (their tests will skip)"; fi; \
+	fi
+
+test-venv: venv system-deps
+	$(PIP) install -e ".[test,browser]"
+	@if dpkg -s libopenmpi-dev >/dev/null 2>&1; then $(PIP) install "mpi4py>=3.1"; fi
+
+test: test-venv
+	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest $(PYTEST_ARGS)
+
+soak: test-venv
+	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py
+
+bench: test-venv
+	IPYTHONDIR=$$(mktemp -d) $(PY) -m benchmarks
+
+lint:
+	$(PY) -m ruff check pgnb tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache

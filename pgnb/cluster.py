@@ -1,0 +1,234 @@
+"""Engines from ipyparallel: start, grow, attach, kill, stop.
+
+Everything here goes through ``ipyparallel.Cluster`` and its launchers
+(``local``, ``mpi``, ``slurm``, ``ssh``, pgnb's own ``pgnb.fork``); pgnb
+never launches engines by hand. A local cluster binds to loopback only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlparse
+
+from .errors import EngineStartError, SpecError
+from .reaper import OWNER_ENV, Reaper, kill_all
+from .rendezvous import EngineInfo
+
+#: How often the controller pings engines (ms). ipyparallel's 3 s default
+#: makes every registration wait up to 3 s; 100 ms is cheap on one machine.
+HEARTBEAT_MS = 100
+ENGINE_START_TIMEOUT = 120.0
+
+_log = logging.getLogger("pgnb")
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """ipyparallel prints progress and logs to stdout/stderr; nbval would see it."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
+class EnginePool:
+    """An ipyparallel controller + engines, started by pgnb or attached to."""
+
+    def __init__(
+        self,
+        launcher: str = "local",
+        profile: str | None = None,
+        cluster_id: str | None = None,
+        reaper: Reaper | None = None,
+        profile_dir: str | None = None,
+    ) -> None:
+        import ipyparallel as ipp
+
+        self.launcher = launcher
+        self.attached = profile is not None or cluster_id is not None
+        self.reaper = reaper
+        self._ipp = ipp
+        self.cluster: Any = None
+        self.client: Any = None
+        self._profile = profile
+        self._cluster_id = cluster_id
+        self._profile_dir = profile_dir
+
+    # ---- start / attach -------------------------------------------------
+    def connect(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
+        """Start (or attach to) a controller and make sure ``n`` engines are up."""
+        if self.attached:
+            self._attach()
+        else:
+            self._start_controller()
+        self.ensure_engines(n, progress)
+
+    def _attach(self) -> None:
+        kwargs: dict[str, Any] = {}
+        if self._profile is not None:
+            kwargs["profile"] = self._profile
+        if self._cluster_id is not None:
+            kwargs["cluster_id"] = self._cluster_id
+        try:
+            with _quiet():
+                self.client = self._ipp.Client(**kwargs)
+        except (OSError, TimeoutError) as e:
+            what = ", ".join(f"{k} {v!r}" for k, v in kwargs.items())
+            raise EngineStartError(
+                f"no ipyparallel cluster found for {what}: {e}; start one with `ipcluster start -n N`"
+            ) from None
+
+    def _start_controller(self) -> None:
+        from traitlets.config import Config
+
+        token = self.reaper.token if self.reaper else ""
+        cfg = Config()
+        # every process pgnb launches carries the owner token, so the reaper can prove ownership
+        cfg.BaseLauncher.environment = {OWNER_ENV: token, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        cfg.MPILauncher.mpi_args = ["--oversubscribe"] if self.launcher == "mpi" else []
+        kwargs: dict[str, Any] = dict(
+            engines=self.launcher,
+            delay=0,
+            controller_ip="127.0.0.1",
+            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN"],
+            engine_args=["--log-level=WARN"],
+            log_level=logging.WARNING,
+            shutdown_atexit=False,  # pgnb stops its cluster itself, all engines at once
+            config=cfg,
+        )
+        if self._profile_dir:
+            kwargs["profile_dir"] = self._profile_dir
+        try:
+            self.cluster = self._ipp.Cluster(**kwargs)
+        except Exception as e:  # traitlets rejects an unknown launcher name here
+            raise SpecError(f"ipyparallel has no engine launcher {self.launcher!r}: {e}") from None
+        with _quiet():
+            self.cluster.start_controller_sync()
+        self._own_controller()
+        with _quiet():
+            self.client = self.cluster.connect_client_sync()
+
+    def _own_controller(self) -> None:
+        proc = getattr(self.cluster.controller, "process", None)
+        if self.reaper and proc is not None:
+            self.reaper.own(proc.pid)
+
+    def ensure_engines(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
+        """Grow to at least ``n`` engines (attached clusters cannot grow: say so)."""
+        have = len(self.client.ids)
+        if have < n and not self.attached:
+            with _quiet():
+                self.cluster.start_engines_sync(n - have)
+        self.wait_for(n, progress)
+
+    def wait_for(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
+        deadline = time.monotonic() + (5.0 if self.attached else ENGINE_START_TIMEOUT)
+        last = -1
+        while True:
+            k = len(self.client.ids)
+            if k != last and progress:
+                progress(min(k, n), n)
+            last = k
+            if k >= n:
+                return
+            if time.monotonic() > deadline:
+                if self.attached:
+                    raise EngineStartError(
+                        f"the attached cluster has {k} engine(s) but --world asks for {n}; "
+                        f"start more with `ipcluster engines -n {n - k}` or use --world {k}"
+                    )
+                raise EngineStartError(
+                    f"only {k} of {n} engines registered within {ENGINE_START_TIMEOUT:.0f} s; "
+                    "see the engine logs in the IPython profile's log folder"
+                )
+            self._check_launchers_alive(n)
+            time.sleep(0.02)
+
+    def _check_launchers_alive(self, n: int) -> None:
+        if self.cluster is None:
+            return
+        sets = list(self.cluster.engines.values())
+        if sets and all(getattr(s, "state", "running") == "after" for s in sets):
+            output = ""
+            with contextlib.suppress(Exception):
+                output = sets[-1].get_output()
+            last = output.strip().splitlines()[-1:] if output else []
+            raise EngineStartError(
+                f"the {self.launcher!r} launcher's engines exited before registering"
+                + (f": {last[0].strip()}" if last else "")
+            )
+
+    # ---- facts about engines -----------------------------------------
+    def ids(self) -> list[int]:
+        return sorted(self.client.ids)
+
+    def controller_host(self) -> str:
+        cfg = getattr(self.client, "_config", {}) or {}
+        host = urlparse(str(cfg.get("interface", ""))).hostname or ""
+        if host in ("", "*", "0.0.0.0", "::"):
+            host = str(cfg.get("location") or "127.0.0.1")
+        return host
+
+    def describe(self, ids: list[int], timeout: float = 30.0) -> list[EngineInfo]:
+        """Ask every engine who and where it is (before any torch import)."""
+        from . import _engine
+
+        host = self.controller_host()
+        ars = {eid: self.client[eid].apply_async(_engine.describe, host) for eid in ids}
+        infos = []
+        for eid, ar in ars.items():
+            d = ar.get(timeout=timeout)
+            infos.append(EngineInfo(engine_id=eid, pid=d["pid"], host=d["host"], addr=d["addr"],
+                                    iface=d["iface"], launcher_rank=d["launcher_rank"],
+                                    nanny_pid=d["nanny_pid"]))
+            if self.reaper and not self.attached:
+                self.reaper.own(d["pid"])
+                if d["nanny_pid"]:
+                    self.reaper.own(d["nanny_pid"])
+        return infos
+
+    # ---- stopping -------------------------------------------------------
+    def kill_engines(self, pids: list[int], ids: list[int], timeout: float = 5.0) -> None:
+        """SIGKILL engines that are stuck (a rank in a gloo wait ignores SIGINT)."""
+        if self.attached:
+            return
+        kill_all(pids, grace=0.0)
+        deadline = time.monotonic() + timeout
+        while set(ids) & set(self.client.ids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def interrupt(self, pids: list[int]) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)
+
+    def stop(self, engine_pids: list[int]) -> None:
+        """Stop what pgnb started: every engine at once, then the controller.
+
+        An attached cluster is only disconnected: pgnb never stops what it did not start.
+        """
+        client, self.client = self.client, None
+        if self.attached or self.cluster is None:
+            if client is not None:
+                client.close()
+            return
+        pids = list(engine_pids)
+        if self.reaper is not None:
+            from .reaper import owned_by_token
+
+            pids += owned_by_token(self.reaper.token)
+        if client is not None:
+            client.close()
+        kill_all(pids, grace=1.0)  # all at once; ipyparallel would stop them one by one
+        with _quiet():
+            try:
+                self.cluster.stop_cluster_sync()
+            except Exception as e:  # already-dead launchers: nothing left to stop
+                _log.debug("stop_cluster: %s", e)
+            self.cluster.remove_cluster_file()
+        self.cluster = None

@@ -1,0 +1,69 @@
+"""The exceptions pgnb raises.
+
+Every message is one line that says what went wrong and what to do next.
+The magics turn these into a plain ``UsageError`` (one line in a notebook).
+
+    PgnbError
+    ├── SpecError            bad input, refused before anything starts
+    │   └── BackendUnavailable
+    ├── NotStartedError      %%pg / status before %pg_init (or after shutdown)
+    ├── EngineStartError     ipyparallel engines did not come up
+    ├── InitError            one or more ranks failed to initialise
+    │   └── InitTimeout      ranks missed pgnb's own deadline
+    └── RankError            code run on ranks failed
+        ├── CellTimeout      ranks still running at the --timeout
+        └── RankLost         a rank's engine died
+"""
+
+from __future__ import annotations
+
+#: What every recovery hint points at.
+RECOVER_HINT = "run `%pg_init ... --force` (Sandbox.start(force=True)) to restart the engines"
+
+
+class PgnbError(Exception):
+    """Base class of every error pgnb raises on purpose."""
+
+
+class SpecError(PgnbError, ValueError):
+    """What the user asked for cannot work; nothing was started."""
+
+
+class BackendUnavailable(SpecError):
+    """The backend exists but this torch build or machine cannot run it."""
+
+
+class NotStartedError(PgnbError):
+    """There is no world to talk to yet."""
+
+
+class EngineStartError(PgnbError):
+    """The ipyparallel engines did not all register in time."""
+
+
+class InitError(PgnbError):
+    """``init_process_group`` failed on some ranks."""
+
+    def __init__(self, message: str, failed_ranks: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.failed_ranks = list(failed_ranks or [])
+
+
+class InitTimeout(InitError):
+    """Ranks did not finish initialising within ``timeout`` seconds."""
+
+
+class RankError(PgnbError):
+    """Code run on the ranks raised on at least one rank."""
+
+    def __init__(self, message: str, failed_ranks: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.failed_ranks = list(failed_ranks or [])
+
+
+class CellTimeout(RankError):
+    """Some ranks were still running when ``--timeout`` expired."""
+
+
+class RankLost(RankError):
+    """A rank's engine process died."""

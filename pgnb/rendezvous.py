@@ -1,0 +1,135 @@
+"""Where the ranks meet: MASTER_ADDR/PORT, init_method URLs, store files.
+
+Pure planning (no engines, no torch): given the spec, the port rank 0
+bound, and what each engine said about itself, build each rank's
+``init_rank`` plan. Rank 0 always serves the TCP store on a socket it bound
+itself (see ``_engine.listen_for_store``); ranks 1.. reach it through the
+``init_method`` the user asked for, so ``env://`` and ``tcp://`` mean what
+the torch docs say.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from .spec import DEBUG_LEVELS, WorldSpec
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What one engine told us about itself (``_engine.describe``)."""
+
+    engine_id: int
+    pid: int
+    host: str
+    addr: str
+    iface: str | None
+    launcher_rank: int | None = None
+    nanny_pid: int | None = None
+
+
+def rank_order(engines: list[EngineInfo], world: int, use_launcher_rank: bool) -> list[EngineInfo]:
+    """Pick ``world`` engines and put them in rank order.
+
+    Rank = position of the engine id in ``sorted(ids)``, unless the launcher
+    numbered its processes (MPI's COMM_WORLD rank, SLURM_PROCID): then the
+    torch rank is that number, so ``mpiexec``'s rank and torch's agree.
+    """
+    if use_launcher_rank and engines and all(e.launcher_rank is not None for e in engines):
+        ordered = sorted(engines, key=lambda e: (e.launcher_rank, e.engine_id))
+    else:
+        ordered = sorted(engines, key=lambda e: e.engine_id)
+    return ordered[:world]
+
+
+def store_bind(spec: WorldSpec, rank0: EngineInfo) -> tuple[str, int]:
+    """The (address, port) rank 0 binds its store socket to; port 0 = any free port."""
+    url = spec.init_url
+    if url and url.startswith("tcp://"):
+        parsed = urlparse(url)
+        return str(parsed.hostname), int(parsed.port or 0)
+    return rank0.addr, 0
+
+
+def local_ranks(ordered: list[EngineInfo]) -> list[int]:
+    """Each rank's index among the ranks on the same host (for cuda:{local_rank})."""
+    seen: dict[str, int] = {}
+    out = []
+    for e in ordered:
+        out.append(seen.get(e.host, 0))
+        seen[e.host] = out[-1] + 1
+    return out
+
+
+def init_url(spec: WorldSpec, master_addr: str, port: int, store_dir: str | None) -> str:
+    if spec.init_url:
+        return spec.init_url
+    if spec.scheme == "env":
+        return "env://"
+    if spec.scheme == "tcp":
+        host = f"[{master_addr}]" if ":" in master_addr else master_addr
+        return f"tcp://{host}:{port}"
+    assert store_dir is not None, "file:// needs a store directory"
+    return f"file://{os.path.join(store_dir, 'store')}"
+
+
+def plans(
+    spec: WorldSpec,
+    ordered: list[EngineInfo],
+    master_addr: str,
+    port: int,
+    store_dir: str | None,
+) -> list[dict[str, Any]]:
+    """One ``_engine.init_rank`` plan per rank, in rank order."""
+    url = init_url(spec, master_addr, port, store_dir)
+    uses_store_socket = spec.scheme in ("env", "tcp")
+    delays = dict(spec.delay_ranks)
+    out = []
+    for rank, (engine, local_rank) in enumerate(zip(ordered, local_ranks(ordered))):
+        env = {
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(spec.world),
+            "LOCAL_RANK": str(local_rank),
+            "TORCH_DISTRIBUTED_DEBUG": DEBUG_LEVELS[spec.debug],
+        }
+        if engine.iface:
+            # gloo binds to the hostname's address unless told; keep it on the route we know works
+            env["GLOO_SOCKET_IFNAME"] = engine.iface
+        plan: dict[str, Any] = {
+            "backend": spec.backend,
+            "init_method": url,
+            "timeout": spec.timeout,
+            "group_name": spec.group_name,
+            "threads": spec.threads_per_rank,
+            "env": env,
+            "cuda": spec.uses_cuda,
+            "local_rank": local_rank,
+            "delay": delays.get(rank, 0.0),
+            "master_addr": master_addr,
+            "world_size": spec.world,
+        }
+        if spec.scheme != "env" or (uses_store_socket and rank == 0):
+            # env:// reads RANK/WORLD_SIZE from the environment, as the docs say
+            plan["rank"] = rank
+        else:
+            plan["rank_from_env"] = rank
+        out.append(plan)
+    return out
+
+
+class OwnedDir:
+    """A 0700 temp directory pgnb made and removes (file:// stores live here)."""
+
+    def __init__(self, prefix: str = "pgnb-") -> None:
+        self.path = tempfile.mkdtemp(prefix=prefix)  # mkdtemp makes it 0700
+        os.chmod(self.path, 0o700)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)

@@ -1,0 +1,485 @@
+"""The core: one torch.distributed world's lifecycle and state (no IPython).
+
+``Sandbox`` starts (or reuses) ipyparallel engines, makes each one a rank,
+initialises the default process group on all of them at once under its own
+deadline, answers status queries from the ranks themselves, runs code on
+them, and stops everything it started. Views subscribe with
+``add_listener`` and render ``snapshot()``; nothing here draws.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from . import _engine
+from .cluster import EnginePool
+from .errors import RECOVER_HINT, EngineStartError, InitError, InitTimeout, NotStartedError, RankError, RankLost
+from .reaper import Reaper
+from .rendezvous import EngineInfo, OwnedDir, plans, rank_order, store_bind
+from .spec import WorldSpec
+
+STATES = ("starting", "pending", "initialized", "failed", "destroyed", "lost")
+#: Extra seconds pgnb waits past torch's own timeout, so torch's clearer error wins when it fires.
+DEADLINE_SLACK = 1.0
+STATUS_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One rank as the rank itself reported it (``state`` is pgnb's summary)."""
+
+    rank: int
+    world_size: int
+    backend: str
+    state: str
+    host: str = ""
+    pid: int | None = None
+    device: str = ""
+    error: str = ""
+    init_seconds: float | None = None
+    engine_id: int | None = None
+    launcher_rank: int | None = None
+
+    def __repr__(self) -> str:  # deterministic: no pid, host or timing
+        err = f", error={self.error!r}" if self.error else ""
+        return (f"RankStatus(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, "
+                f"state={self.state!r}, device={self.device!r}{err})")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything a view needs to draw one moment of the world."""
+
+    spec: WorldSpec
+    ranks: tuple[RankStatus, ...]
+    phase: str  # new, starting engines, rendezvous, initialized, failed, destroyed, shut down
+    message: str = ""
+    engines_up: int = 0
+    started_at: float = field(default=0.0, compare=False)
+
+    @property
+    def initialized(self) -> int:
+        return sum(r.state == "initialized" for r in self.ranks)
+
+
+_LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+_current: Sandbox | None = None
+
+
+def current() -> Sandbox | None:
+    """The Sandbox the magics drive, or None."""
+    return _current
+
+
+def set_current(sandbox: Sandbox | None) -> None:
+    global _current
+    _current = sandbox
+
+
+def _one_line(exc: BaseException) -> str:
+    """``ename: first line of the message`` for a remote or local exception."""
+    ename = getattr(exc, "ename", None) or type(exc).__name__
+    evalue = getattr(exc, "evalue", None)
+    text = str(evalue if evalue is not None else exc).strip()
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    # torch prefixes store errors with a C++ source location in brackets; drop it
+    if first.startswith("[") and "] " in first:
+        first = first.split("] ", 1)[1]
+    return f"{ename}: {first}" if first else ename
+
+
+class Sandbox:
+    """A torch.distributed world on ipyparallel engines.
+
+    >>> with Sandbox(backend="gloo", world=2) as sb:       # doctest: +SKIP
+    ...     sb.run(lambda: __import__("torch.distributed").distributed.get_rank())
+    [0, 1]
+    """
+
+    def __init__(
+        self,
+        backend: str = "gloo",
+        world: int = 2,
+        init_method: str = "env",
+        timeout: float = 60.0,
+        group_name: str = "",
+        launcher: str = "local",
+        profile: str | None = None,
+        cluster_id: str | None = None,
+        threads: int | None = None,
+        debug: str = "off",
+        delay_ranks: object = (),
+        *,
+        spec: WorldSpec | None = None,
+    ) -> None:
+        self.spec = spec or WorldSpec.validate(
+            backend=backend, world=world, init_method=init_method, timeout=timeout,
+            group_name=group_name, launcher=launcher, profile=profile, cluster_id=cluster_id,
+            threads=threads, debug=debug, delay_ranks=delay_ranks,
+        )
+        self._pool: EnginePool | None = None
+        self._reaper: Reaper | None = None
+        self._known: dict[int, EngineInfo] = {}
+        self._ranks: list[EngineInfo] = []
+        self._store_dir: OwnedDir | None = None
+        self._listeners: list[Callable[[Sandbox], None]] = []
+        self._lock = threading.RLock()
+        self._snapshot = Snapshot(self.spec, self._fresh_rows("starting"), "new")
+        _LIVE.add(self)
+
+    # ---- observers ----------------------------------------------------
+    def add_listener(self, fn: Callable[[Sandbox], None]) -> None:
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[Sandbox], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(fn)
+
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def _publish(self, **changes: Any) -> None:
+        self._snapshot = replace(self._snapshot, **changes)
+        for fn in list(self._listeners):
+            fn(self)
+
+    def _set_rows(self, rows: Iterable[RankStatus], **changes: Any) -> None:
+        self._publish(ranks=tuple(rows), **changes)
+
+    def _fresh_rows(self, state: str, spec: WorldSpec | None = None) -> tuple[RankStatus, ...]:
+        spec = spec or self.spec
+        return tuple(RankStatus(r, spec.world, spec.backend, state) for r in range(spec.world))
+
+    # ---- properties -----------------------------------------------------
+    @property
+    def client(self) -> Any:
+        """The ipyparallel ``Client`` (for ``%px`` on the same engines)."""
+        return self._pool.client if self._pool else None
+
+    @property
+    def engine_ids(self) -> list[int]:
+        """Engine id of each rank, in rank order."""
+        return [e.engine_id for e in self._ranks]
+
+    @property
+    def pids(self) -> list[int]:
+        """Every process pgnb started for this world that it knows by pid."""
+        out = [e.pid for e in self._known.values()] + [e.nanny_pid for e in self._known.values() if e.nanny_pid]
+        ctl = self._pool and self._pool.cluster and getattr(self._pool.cluster.controller, "process", None)
+        if ctl is not None:
+            out.append(ctl.pid)
+        if self._reaper is not None:
+            out.append(self._reaper.pid)
+        return out
+
+    @property
+    def is_initialized(self) -> bool:
+        return self._snapshot.phase == "initialized"
+
+    # ---- lifecycle ------------------------------------------------------
+    def __enter__(self) -> Sandbox:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def start(self, force: bool = False) -> Sandbox:
+        """Start engines and initialise the world (a no-op if it already is)."""
+        return self.init(self.spec, force=force)
+
+    def init(self, spec: WorldSpec | None = None, force: bool = False) -> Sandbox:
+        """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines."""
+        spec = spec or self.spec
+        with self._lock:
+            if not force and spec == self.spec and self.is_initialized and self._healthy():
+                self._publish()  # listeners redraw; nothing else happens
+                return self
+            new_hosting = self._pool is not None and (
+                spec.launcher, spec.profile, spec.cluster_id
+            ) != (self.spec.launcher, self.spec.profile, self.spec.cluster_id)
+            if force or new_hosting:
+                self._stop_pool()
+            elif self._pool is not None:
+                self._destroy_ranks(quiet=True)
+            self.spec = spec
+            self._init_world()
+            return self
+
+    def _healthy(self) -> bool:
+        if self._pool is None or self._pool.client is None:
+            return False
+        return set(self.engine_ids) <= set(self._pool.ids())
+
+    def _init_world(self) -> None:
+        spec = self.spec
+        started = time.monotonic()
+        self._set_rows(self._fresh_rows("starting"), phase="starting engines", message="",
+                       engines_up=0, started_at=started, spec=spec)
+        try:
+            self._ensure_engines(spec)
+        except BaseException as e:
+            self._set_rows(self._fresh_rows("failed"), phase="failed", message=str(e))
+            if self._pool is not None and not isinstance(e, KeyboardInterrupt):
+                self._stop_pool()
+            raise
+        pool = self._pool
+        assert pool is not None
+        new = [i for i in pool.ids() if i not in self._known]
+        for info in pool.describe(new):
+            self._known[info.engine_id] = info
+        self._ranks = rank_order([self._known[i] for i in pool.ids()], spec.world,
+                                 use_launcher_rank=spec.launcher not in ("local", "pgnb.fork"))
+        rows = [RankStatus(r, spec.world, spec.backend, "pending", host=e.host, pid=e.pid,
+                           engine_id=e.engine_id, launcher_rank=e.launcher_rank)
+                for r, e in enumerate(self._ranks)]
+        self._set_rows(rows, phase="rendezvous")
+        try:
+            self._rendezvous(rows)
+        except KeyboardInterrupt:
+            self._recover_after_failed_init()
+            self._set_rows((replace(r, state="failed", error="interrupted") if r.state != "initialized" else r
+                            for r in self._snapshot.ranks), phase="failed", message="interrupted")
+            raise
+
+    def _ensure_engines(self, spec: WorldSpec) -> None:
+        def progress(k: int, n: int) -> None:
+            self._publish(engines_up=k)
+
+        if self._pool is None:
+            token = uuid.uuid4().hex
+            self._reaper = Reaper(token) if not spec.attached else None
+            self._pool = EnginePool(spec.launcher, spec.profile, spec.cluster_id, reaper=self._reaper)
+            self._pool.connect(spec.world, progress)
+        else:
+            self._pool.ensure_engines(spec.world, progress)
+
+    def _rendezvous(self, rows: list[RankStatus]) -> None:
+        spec, pool = self.spec, self._pool
+        assert pool is not None
+        client = pool.client
+        master = self._ranks[0]
+        port = 0
+        store_dir = None
+        if spec.scheme in ("env", "tcp"):
+            bind_addr, bind_port = store_bind(spec, master)
+            try:
+                port = client[master.engine_id].apply_sync(_engine.listen_for_store, bind_addr, bind_port)
+            except Exception as e:
+                msg = f"rank 0 cannot listen on {bind_addr}:{bind_port} ({_one_line(e)}); pick another port"
+                self._set_rows(self._fresh_rows("failed"), phase="failed", message=msg)
+                raise InitError(msg, [0]) from None
+            master_addr = bind_addr
+        else:
+            master_addr = master.addr
+            if spec.init_url is None:
+                self._store_dir = store_dir_obj = OwnedDir()
+                store_dir = store_dir_obj.path
+                if self._reaper:
+                    self._reaper.own_path(store_dir)
+        rank_plans = plans(spec, self._ranks, master_addr, port, store_dir)
+        ars = [client[e.engine_id].apply_async(_engine.init_rank, p) for e, p in zip(self._ranks, rank_plans)]
+        deadline = time.monotonic() + spec.timeout + DEADLINE_SLACK
+        pending = set(range(spec.world))
+        while pending and time.monotonic() < deadline:
+            done = [r for r in pending if ars[r].ready()]
+            for r in done:
+                pending.discard(r)
+                rows[r] = self._row_from_init(rows[r], ars[r])
+            if done:
+                self._set_rows(rows)
+            else:
+                time.sleep(0.005)
+        failed = [r.rank for r in rows if r.state != "initialized"]
+        if not failed:
+            self._set_rows(rows, phase="initialized", message="")
+            return
+        for r in pending:
+            rows[r] = replace(rows[r], state="failed",
+                              error=f"did not join within the {spec.timeout:g} s timeout (engine restarted)")
+        msg = self._init_failure_message(rows, pending)
+        self._set_rows(rows, phase="failed", message=msg)
+        self._recover_after_failed_init(stuck=sorted(pending))
+        self._set_rows(rows, phase="failed", message=msg)
+        err = InitTimeout if pending else InitError
+        raise err(msg, failed)
+
+    def _row_from_init(self, row: RankStatus, ar: Any) -> RankStatus:
+        try:
+            res = ar.get(timeout=0)
+        except Exception as e:
+            state = "lost" if type(e).__name__ in ("EngineError", "TaskAborted") else "failed"
+            return replace(row, state=state, error=_one_line(e))
+        return replace(row, state="initialized", backend=self._shown_backend(res), device=res["device"],
+                       world_size=res["world_size"], init_seconds=res["init_seconds"])
+
+    def _shown_backend(self, res: dict[str, Any]) -> str:
+        # get_backend() says "undefined" for multi-device strings; the config says what runs where
+        return res["backend_config"] if "," in self.spec.backend else res["backend"]
+
+    def _init_failure_message(self, rows: list[RankStatus], stuck: set[int]) -> str:
+        parts = []
+        errors = [r for r in rows if r.state in ("failed", "lost") and r.rank not in stuck]
+        # the same error on many ranks is said once
+        by_error: dict[str, list[int]] = {}
+        for r in errors:
+            by_error.setdefault(r.error, []).append(r.rank)
+        for err, ranks in by_error.items():
+            parts.append(f"{_ranks_text(ranks)} failed: {err}")
+        if stuck:
+            parts.append(f"{_ranks_text(sorted(stuck))} did not join within the {self.spec.timeout:g} s timeout")
+        return "init_process_group: " + "; ".join(parts) + f"; {RECOVER_HINT}"
+
+    def _recover_after_failed_init(self, stuck: list[int] | None = None) -> None:
+        """Leave a state from which the next init works: stuck engines replaced, others clean."""
+        pool = self._pool
+        if pool is None:
+            return
+        stuck_infos = [self._ranks[r] for r in (stuck or [])]
+        if stuck_infos:
+            pool.kill_engines([e.pid for e in stuck_infos], [e.engine_id for e in stuck_infos])
+            for e in stuck_infos:
+                self._known.pop(e.engine_id, None)
+        self._destroy_ranks(quiet=True)
+        if stuck_infos and not pool.attached:
+            with contextlib.suppress(EngineStartError):
+                pool.ensure_engines(self.spec.world)
+
+    # ---- queries ------------------------------------------------------
+    def status(self, timeout: float = STATUS_TIMEOUT) -> list[RankStatus]:
+        """Ask every rank what torch says about it; rank order."""
+        with self._lock:
+            if self._pool is None or self._pool.client is None:
+                return list(self._snapshot.ranks)
+            alive = set(self._pool.ids())
+            ars = {r: self.client[e.engine_id].apply_async(_engine.rank_status)
+                   for r, e in enumerate(self._ranks) if e.engine_id in alive}
+            deadline = time.monotonic() + timeout
+            rows = list(self._snapshot.ranks)
+            for r, e in enumerate(self._ranks):
+                if r not in ars:
+                    rows[r] = replace(rows[r], state="lost", error="engine process is gone")
+                    continue
+                try:
+                    res = ars[r].get(timeout=max(0.0, deadline - time.monotonic()))
+                except Exception as exc:
+                    if type(exc).__name__ == "EngineError":
+                        rows[r] = replace(rows[r], state="lost", error=_one_line(exc))
+                    else:
+                        rows[r] = replace(rows[r], error=f"did not answer within {timeout:g} s (busy?)")
+                    continue
+                if res["initialized"]:
+                    rows[r] = replace(rows[r], state="initialized", error="", backend=self._shown_backend(res),
+                                      world_size=res["world_size"], device=res["device"])
+                elif rows[r].state == "initialized":
+                    rows[r] = replace(rows[r], state="destroyed", error="")
+            self._set_rows(rows)
+            return rows
+
+    # ---- running code -------------------------------------------------
+    def _require_world(self) -> None:
+        if self._pool is None or self._pool.client is None or not self._ranks:
+            raise NotStartedError("no process group yet: run `%pg_init` (Sandbox.start()) first")
+
+    def ranks_to_engines(self, ranks: Iterable[int] | None) -> list[tuple[int, int]]:
+        self._require_world()
+        chosen = range(len(self._ranks)) if ranks is None else ranks
+        return [(r, self._ranks[r].engine_id) for r in chosen]
+
+    def run(self, fn: Callable[..., Any], *args: Any, ranks: Iterable[int] | None = None,
+            timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        """``fn(*args, **kwargs)`` on every rank at once; results in rank order."""
+        pairs = self.ranks_to_engines(ranks)
+        ars = [(r, self.client[e].apply_async(fn, *args, **kwargs)) for r, e in pairs]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        results, failures = [], []
+        for r, ar in ars:
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                results.append(ar.get(timeout=left))
+            except Exception as e:
+                failures.append((r, e))
+                results.append(None)
+        if failures:
+            lost = [r for r, e in failures if type(e).__name__ == "EngineError"]
+            text = "; ".join(f"rank {r}: {_one_line(e)}" for r, e in failures)
+            err = RankLost if lost else RankError
+            raise err(text, [r for r, _ in failures])
+        return results
+
+    def execute(self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None) -> Any:
+        """Run a code string in each rank's namespace; a ``CellResult`` in rank order."""
+        from .cells import run_cell
+
+        return run_cell(self, code, ranks=None if ranks is None else list(ranks), timeout=timeout)
+
+    # ---- teardown -----------------------------------------------------
+    def _destroy_ranks(self, quiet: bool = False, timeout: float = 10.0) -> None:
+        if self._pool is None or self._pool.client is None:
+            return
+        alive = set(self._pool.ids())
+        ars = [self.client[e.engine_id].apply_async(_engine.destroy) for e in self._ranks if e.engine_id in alive]
+        deadline = time.monotonic() + timeout
+        errors = []
+        for ar in ars:
+            try:
+                ar.get(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception as e:
+                errors.append(_one_line(e))
+        if self._store_dir is not None:
+            self._store_dir.remove()
+            self._store_dir = None
+        if errors and not quiet:
+            raise RankError("destroy_process_group: " + "; ".join(errors) + f"; {RECOVER_HINT}")
+
+    def destroy(self) -> None:
+        """``destroy_process_group()`` on every rank; engines stay for a fast re-init."""
+        with self._lock:
+            self._destroy_ranks()
+            self._set_rows((replace(r, state="destroyed", error="") if r.state != "lost" else r
+                            for r in self._snapshot.ranks), phase="destroyed", message="")
+
+    def _stop_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                if pool.client is not None:
+                    self._pool = pool
+                    self._destroy_ranks(quiet=True, timeout=2.0)
+                    self._pool = None
+            pool.stop([e.pid for e in self._known.values()])
+        if self._store_dir is not None:
+            self._store_dir.remove()
+            self._store_dir = None
+        if self._reaper is not None:
+            self._reaper.release()
+            self._reaper = None
+        self._known.clear()
+        self._ranks = []
+
+    def shutdown(self) -> None:
+        """Destroy the group, then stop the engines and controller pgnb started."""
+        with self._lock:
+            self._stop_pool()
+            self._set_rows((replace(r, state="destroyed", error="") if r.state != "lost" else r
+                            for r in self._snapshot.ranks), phase="shut down", message="")
+            if current() is self:
+                set_current(None)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    for sb in list(_LIVE):
+        with contextlib.suppress(Exception):
+            sb.shutdown()

@@ -1,0 +1,189 @@
+"""The status view: an ipywidgets composite plus a deterministic text form.
+
+``StatusView`` renders the ``Snapshot`` it is given (it never asks ranks
+anything itself; its buttons call back into the Sandbox). Live updates are
+widget trait changes, which nbval ignores, so what nbval compares is the
+``text/plain`` sent when the view is displayed:
+
+* a view displayed *before* the outcome is known (``live=True``, as
+  ``%pg_init`` does) carries only the request in its text form;
+* the outcome then reaches the notebook as a ``WorldReport``, whose text is
+  the full rank table (no pids, hosts, ports or timings) and whose HTML is a
+  one-line summary that stays readable when widgets are not rendered.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as W
+
+if TYPE_CHECKING:
+    from .sandbox import Sandbox, Snapshot
+
+STATE_COLOURS = {
+    "starting": "#9e9e9e",
+    "pending": "#f0ad4e",
+    "initialized": "#2e7d32",
+    "failed": "#c62828",
+    "destroyed": "#546e7a",
+    "lost": "#6a1b9a",
+}
+COLUMNS = ("rank", "host", "pid", "device", "backend", "world", "state", "error")
+_WIDTHS = ("3em", "9em", "5em", "5em", "9em", "3.5em", "7em", "auto")
+FINAL_PHASES = ("initialized", "failed", "destroyed", "shut down")
+
+
+def header_text(snap: Snapshot) -> str:
+    return f"pgnb world: {snap.spec.describe()}"
+
+
+def summary_text(snap: Snapshot) -> str:
+    n = snap.spec.world
+    counts: dict[str, int] = {}
+    for r in snap.ranks:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    parts = [f"{k} {s}" for s, k in sorted(counts.items(), key=lambda kv: kv[0]) if s != "initialized"]
+    head = f"{snap.initialized}/{n} initialized"
+    return head + (f" ({', '.join(parts)})" if parts else "")
+
+
+def status_table(snap: Snapshot) -> str:
+    """The deterministic text form: the same facts every run, nothing machine-specific."""
+    rows = [("rank", "world", "backend", "device", "state", "error")]
+    for r in snap.ranks:
+        rows.append((str(r.rank), str(r.world_size), r.backend, r.device or "-", r.state, r.error))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = [f"{header_text(snap)} | {summary_text(snap)}"]
+    for row in rows:
+        cells = [c.ljust(w) for c, w in zip(row[:5], widths)]
+        line = "  ".join(cells)
+        if row[5]:
+            line += "  " + row[5]
+        lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+class WorldReport:
+    """The outcome of a magic as the notebook keeps it: text table + one-line HTML."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snapshot = snap
+
+    def __repr__(self) -> str:
+        return status_table(self.snapshot)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        snap = self.snapshot
+        colour = STATE_COLOURS["initialized" if snap.initialized == snap.spec.world else "failed"]
+        summary = (f"<span style='color:{colour}'>&#9679;</span> <b>pgnb</b> "
+                   f"{html.escape(snap.spec.describe())} &mdash; {html.escape(summary_text(snap))}")
+        return {"text/plain": repr(self), "text/html": f"<div class='pgnb-report'>{summary}</div>"}
+
+
+class StatusView(W.VBox):
+    """Live view of a world: header, one row per rank, and actions."""
+
+    def __init__(self, sandbox: Sandbox, live: bool = False, **kwargs: Any) -> None:
+        self._sandbox = sandbox
+        self.live = live
+        self._header = W.HTML().add_class("pgnb-header")
+        self._rows_box = W.VBox().add_class("pgnb-rows")
+        self._refresh = W.Button(description="Refresh", icon="refresh",
+                                 tooltip="Ask every rank for its state").add_class("pgnb-refresh")
+        self._shutdown = W.Button(description="Shut down", icon="power-off",
+                                  tooltip="Destroy the group and stop the engines").add_class("pgnb-shutdown")
+        self._message = W.HTML().add_class("pgnb-message")
+        self._refresh.on_click(lambda _: self._sandbox.status())
+        self._shutdown.on_click(lambda _: self._sandbox.shutdown())
+        self._row_widgets: list[W.HTML] = []
+        super().__init__([self._header, self._rows_box, self._message,
+                          W.HBox([self._refresh, self._shutdown])], **kwargs)
+        self.add_class("pgnb-view")
+        self.render(sandbox.snapshot())
+        sandbox.add_listener(self._on_change)
+
+    def detach(self) -> None:
+        """Stop following the sandbox (the view keeps its last picture)."""
+        self._sandbox.remove_listener(self._on_change)
+
+    def _on_change(self, sandbox: Sandbox) -> None:
+        self.render(sandbox.snapshot())
+
+    # ---- drawing -------------------------------------------------------
+    def render(self, snap: Snapshot) -> None:
+        with self.hold_sync():
+            self._header.value = self._header_html(snap)
+            while len(self._row_widgets) < len(snap.ranks):
+                self._row_widgets.append(W.HTML())
+            rows = self._row_widgets[: len(snap.ranks)]
+            for w, r in zip(rows, snap.ranks):
+                w.value = self._row_html(r)
+                w._dom_classes = ("pgnb-row", f"pgnb-rank-{r.rank}", f"pgnb-is-{r.state}")
+            if list(self._rows_box.children) != rows:
+                self._rows_box.children = [self._title_row(), *rows]
+            self._message.value = (f"<span style='color:{STATE_COLOURS['failed']}'>{html.escape(snap.message)}</span>"
+                                   if snap.message else "")
+            stopped = snap.phase == "shut down"
+            self._refresh.disabled = stopped
+            self._shutdown.disabled = stopped
+
+    def _header_html(self, snap: Snapshot) -> str:
+        spec = snap.spec
+        elapsed = ""
+        if snap.started_at and snap.phase not in FINAL_PHASES:
+            elapsed = f" &middot; {time.monotonic() - snap.started_at:.1f} s"
+        engines = ""
+        if snap.phase == "starting engines":
+            engines = f" &middot; engines {snap.engines_up}/{spec.world} up"
+        init = spec.init_method if "://" in spec.init_method else f"{spec.init_method}://"
+        return (
+            "<div style='font-family:var(--jp-ui-font-family,sans-serif)'>"
+            f"<b>pgnb</b> &middot; backend <code>{html.escape(spec.backend)}</code> &middot; "
+            f"world {spec.world} &middot; init <code>{html.escape(init)}</code>"
+            + (f" &middot; group <code>{html.escape(spec.group_name)}</code>" if spec.group_name else "")
+            + f" &middot; <span class='pgnb-count'>{snap.initialized}/{spec.world} initialized</span>"
+            f" &middot; <span class='pgnb-phase'>{html.escape(snap.phase)}</span>{engines}{elapsed}</div>"
+        )
+
+    @staticmethod
+    def _cells(values: list[str], bold: bool = False) -> str:
+        style = "display:inline-block;padding:0 .4em;white-space:nowrap;overflow:hidden;vertical-align:top"
+        weight = ";font-weight:bold" if bold else ""
+        return "".join(f"<span style='{style};width:{w}{weight}'>{v}</span>" for v, w in zip(values, _WIDTHS))
+
+    def _title_row(self) -> W.HTML:
+        return W.HTML(self._cells([c for c in COLUMNS], bold=True)).add_class("pgnb-title")
+
+    def _row_html(self, r: Any) -> str:
+        colour = STATE_COLOURS.get(r.state, "#000")
+        # the dot is decoration; keep the state cell's text exactly the state for tests and screen readers
+        state = (f"<span style='color:{colour}'>&#9679;</span> "
+                 f"<span class='pgnb-state' style='color:{colour};font-weight:bold'>{html.escape(r.state)}</span>")
+        values = [str(r.rank), html.escape(r.host or "-"), str(r.pid or "-"), html.escape(r.device or "-"),
+                  html.escape(r.backend), str(r.world_size), state,
+                  f"<span class='pgnb-error' title='{html.escape(r.error)}'>{html.escape(r.error)}</span>"]
+        return self._cells(values)
+
+    # ---- text forms ------------------------------------------------------
+    def text(self) -> str:
+        snap = self._sandbox.snapshot()
+        if self.live:
+            return f"{header_text(snap)} (live view; the outcome follows)"
+        return status_table(snap)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.text())
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = dict(super()._repr_mimebundle_(**kwargs) or {})
+        bundle["text/plain"] = self.text()  # ipywidgets would cut repr() at 110 characters
+        return bundle
