@@ -70,6 +70,15 @@ def _nanny_pid() -> int | None:
     return None
 
 
+def warm_up() -> str:
+    """Import torch before the rendezvous, so its deadline is not spent importing."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    import torch
+    import torch.distributed  # noqa: F401
+
+    return str(torch.__version__)
+
+
 def listen_for_store(addr: str, port: int) -> int:
     """Rank 0: hold a listening socket for the TCPStore, bound to ``addr`` only.
 
@@ -90,7 +99,10 @@ def listen_for_store(addr: str, port: int) -> int:
 def close_store_socket() -> None:
     sock = _STATE.pop("store_socket", None)
     if sock is not None:
-        sock.close()
+        try:
+            sock.close()
+        except OSError:
+            pass
 
 
 def init_rank(plan: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +123,7 @@ def init_rank(plan: dict[str, Any]) -> dict[str, Any]:
     dist.set_debug_level_from_env()
     if dist.is_initialized():
         dist.destroy_process_group()
+    _reset_group_counter(dist)
 
     kwargs: dict[str, Any] = {
         "backend": plan["backend"],
@@ -140,6 +153,7 @@ def init_rank(plan: dict[str, Any]) -> dict[str, Any]:
             master_listen_fd=sock.fileno(),
         ))
         kwargs.update(rank=plan["rank"], world_size=plan["world_size"])
+        _STATE.pop("store_socket").detach()  # the store owns (and will close) the fd now
     else:
         kwargs["init_method"] = plan["init_method"]
     dist.init_process_group(**kwargs)
@@ -148,6 +162,15 @@ def init_rank(plan: dict[str, Any]) -> dict[str, Any]:
     _STATE["init_seconds"] = time.monotonic() - t0
     _publish_names(torch, dist, device)
     return rank_status()
+
+
+def _reset_group_counter(dist: Any) -> None:
+    """A failed init leaves torch's group counter at 1, so this rank would name its
+    default group differently from a fresh rank and the rendezvous keys would never
+    match. destroy_process_group() resets it; do the same after a failure."""
+    world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
 
 
 def _publish_names(torch: Any, dist: Any, device: str) -> None:

@@ -18,6 +18,9 @@ What differs from the ``local`` launcher:
 - stop signals every engine at once (SIGTERM, then SIGKILL after
   ``stop_seconds_until_kill``) instead of one by one.
 - the zygote and its engines die with the launching process (even SIGKILL).
+- with ``fork_nanny`` (default) each engine's nanny is forked by the zygote
+  too, instead of being a fresh Python process: it runs ipyparallel's own
+  ``KernelNanny`` with the same arguments.
 - the engines of one set share the zygote's ``PYTHONHASHSEED``.
 """
 
@@ -43,7 +46,7 @@ from ipyparallel.cluster.launcher import (
     ProcessStateError,
 )
 from tornado.ioloop import IOLoop
-from traitlets import Dict, Float, Integer, List, Unicode
+from traitlets import Bool, Dict, Float, Integer, List, Unicode
 
 #: How often a waiting coroutine looks at the zygote's events.
 _POLL_SECONDS = 0.02
@@ -68,6 +71,15 @@ class ForkEngineSetLauncher(EngineLauncher):
         config=True,
         help="""Modules the zygote imports before forking the engines
         (the engine's own modules are always imported).""",
+    )
+
+    fork_nanny = Bool(
+        True,
+        config=True,
+        help="""Have the zygote fork each engine's nanny (ipyparallel's
+        KernelNanny, same arguments and protocol) instead of the engine
+        starting a fresh ``python -m ipyparallel.engine.nanny``.
+        Only matters when the engines run with a nanny (IPEngine.enable_nanny).""",
     )
 
     start_timeout = Float(
@@ -140,6 +152,7 @@ class ForkEngineSetLauncher(EngineLauncher):
                 "env": engine_env,
                 "output": self._engine_output_file(str(i)),
                 "cwd": cwd,
+                "fork_nanny": self.fork_nanny,
             }
             for i in range(n)
         ]

@@ -5,22 +5,32 @@ set as ``python -m pgnb._zygote --grace S [--preload MODULE ...]``.  The zygote
 imports the engine's modules and the preload modules (torch by default) while
 it is still single-threaded and has no zmq context, then forks one child per
 engine.  Each child sets up its own stdio, environment and working directory
-and becomes an ordinary ipyparallel engine (``IPEngine.launch_instance``, the
-same code ``ipengine`` runs), so copy-on-write shares torch's pages and no
-engine pays for importing torch again.
+and becomes an ordinary ipyparallel engine (``IPEngine``, the code
+``ipengine`` runs), so copy-on-write shares torch's pages and no engine pays
+for importing torch again.
+
+The engine's nanny (ipyparallel's per-engine helper that relays signals and
+tells the controller at once when its engine dies) is normally a fresh
+``python -m ipyparallel.engine.nanny``: about as much private memory as a
+forked engine and a second or more of CPU at start.  With ``fork_nanny`` the
+engine instead asks the zygote, over a socketpair made at fork time, to fork
+the nanny; the nanny then runs ipyparallel's own ``KernelNanny`` with the same
+arguments and the same pipe protocol (the engine holds the read end of a pipe
+whose write end is the nanny's; the nanny writes its URL on it and takes its
+closing as its engine's death).
 
 Lifetime rules (nothing may outlive the notebook kernel):
 
-- every child sets ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: it dies with the
-  zygote, whatever kills the zygote;
+- every engine sets ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: it dies with the
+  zygote, whatever kills the zygote; a nanny ends with its engine, as usual;
 - the zygote's stdin is a pipe from the launcher: EOF means the launcher is
-  gone (or asked us to stop), so the zygote sends SIGTERM to every child at
-  once, SIGKILL after ``--grace`` seconds, reaps them and exits.  SIGTERM to
-  the zygote does the same.
+  gone (or asked us to stop), so the zygote sends SIGTERM to every engine at
+  once, SIGKILL to whatever is left after ``--grace`` seconds, reaps engines
+  and nannies, and exits.  SIGTERM to the zygote does the same.
 
 Protocol: JSON lines.  Launcher to zygote (stdin)::
 
-    {"op": "spawn", "engines": [{"key", "argv", "env", "output", "cwd"}, ...]}
+    {"op": "spawn", "engines": [{"key", "argv", "env", "output", "cwd", "fork_nanny"}, ...]}
     {"op": "signal", "sig": 15}
 
 Zygote to launcher (stdout)::
@@ -44,12 +54,15 @@ import gc
 import importlib
 import json
 import os
+import pickle
 import select
 import signal
+import socket
+import struct
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 #: Imported before forking whatever ``--preload`` says: what an engine needs.
 ENGINE_MODULES = (
@@ -63,10 +76,18 @@ ENGINE_MODULES = (
     "ipyparallel.engine.kernel",
     "ipyparallel.engine.nanny",
     "ipyparallel.serialize",
+    # imported while the engine starts: debugpy alone is ~150 modules
+    "ipykernel.debugger",
+    "IPython.core.completerlib",
+    "IPython.extensions.storemagic",
+    "sqlite3",
+    "tornado.platform.asyncio",
+    "tornado.queues",
 )
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
+_LENGTH = struct.Struct("!Q")
 
 
 def _log(message: str) -> None:
@@ -90,17 +111,16 @@ def _thread_count() -> int:
         return -1
 
 
-def _exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
-
-
 class Zygote:
-    """Fork engines on request, reap them, and take them down when told or orphaned."""
+    """Fork engines (and their nannies) on request, reap them, take them down when told or orphaned."""
 
     def __init__(self, grace: float) -> None:
         self.pid = os.getpid()
         self.grace = grace
-        self.children: dict[int, str] = {}  # pid -> key, only children not yet reaped
+        self.engines: dict[int, str] = {}  # pid -> key; unreaped engines only
+        self.nannies: dict[int, str] = {}  # pid -> engine key; unreaped nannies only
+        self.specs: dict[str, dict[str, Any]] = {}  # key -> spawn spec
+        self.nanny_socks: dict[int, tuple[socket.socket, str]] = {}  # fileno -> (our end, key)
         self.stdin_open = True
         self.shutdown_at: float | None = None
         self.killed = False
@@ -124,34 +144,42 @@ class Zygote:
             self._reap()
             if self._term_requested:
                 self._begin_shutdown("SIGTERM")
+            timeout: float | None = None
             if self.shutdown_at is not None:
-                if not self.children:
+                if not self.engines and not self.nannies:
                     return 0
                 now = time.monotonic()
                 if not self.killed and now >= self.shutdown_at + self.grace:
-                    _log(f"children {sorted(self.children)} ignored SIGTERM; sending SIGKILL")
-                    self._signal_children(signal.SIGKILL)
+                    _log(f"still running after {self.grace:g}s: {self._running()}; sending SIGKILL")
+                    self._signal(signal.SIGKILL, nannies=True)
                     self.killed = True
                 if self.killed and now >= self.shutdown_at + self.grace + 10:
-                    # SIGKILLed children that still did not go are not ours to wait for.
-                    _log(f"giving up on children {sorted(self.children)}")
+                    # SIGKILLed processes that still do not go are not ours to wait for.
+                    _log(f"giving up on {self._running()}")
                     return 1
-                timeout: float | None = 0.1
-            else:
-                timeout = None
-            fds = [self.wake_r] + ([0] if self.stdin_open else [])
+                timeout = 0.1
+            fds = [self.wake_r, *self.nanny_socks] + ([0] if self.stdin_open else [])
             try:
                 ready, _, _ = select.select(fds, [], [], timeout)
             except InterruptedError:
                 continue
-            if self.wake_r in ready:
-                try:
-                    while os.read(self.wake_r, 4096):
-                        pass
-                except BlockingIOError:
-                    pass
-            if 0 in ready:
-                self._read_stdin()
+            for fd in ready:
+                if fd == self.wake_r:
+                    self._drain_wakeups()
+                elif fd == 0:
+                    self._read_stdin()
+                elif fd in self.nanny_socks:
+                    self._nanny_request(fd)
+
+    def _running(self) -> str:
+        return f"engines {sorted(self.engines)}, nannies {sorted(self.nannies)}"
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
 
     def _read_stdin(self) -> None:
         data = os.read(0, 65536)
@@ -176,52 +204,91 @@ class Zygote:
                 _send({"event": "error", "message": "zygote is shutting down; spawn refused"})
                 return
             for spec in command["engines"]:
-                self._spawn(spec)
+                self._spawn_engine(spec)
         elif op == "signal":
-            self._signal_children(int(command["sig"]))
+            self._signal(int(command["sig"]))
         else:
             _log(f"unknown command {command!r}")
 
     def _begin_shutdown(self, why: str) -> None:
         if self.shutdown_at is not None:
             return
-        _log(f"shutting down ({why}); stopping {len(self.children)} engine(s)")
+        _log(f"shutting down ({why}); stopping {len(self.engines)} engine(s)")
         self.shutdown_at = time.monotonic()
-        self._signal_children(signal.SIGTERM)
+        # Nannies are not signalled: each ends when its engine does, after
+        # telling the controller.
+        self._signal(signal.SIGTERM)
 
-    def _signal_children(self, sig: int) -> None:
+    def _signal(self, sig: int, nannies: bool = False) -> None:
         # Only unreaped children: their pids cannot have been reused yet.
-        for pid in list(self.children):
+        pids = [*self.engines, *(self.nannies if nannies else ())]
+        for pid in pids:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
 
     def _reap(self) -> None:
-        while self.children:
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            key = self.children.pop(pid, None)
-            if key is None:
+            code = os.waitstatus_to_exitcode(status)
+            if pid in self.nannies:
+                key = self.nannies.pop(pid)
+                if code:
+                    _log(f"nanny {pid} of engine {key} exited with {code}")
                 continue
-            code = _exit_code(status)
-            _send({"event": "exited", "key": key, "pid": pid, "exit_code": code})
+            key = self.engines.pop(pid, None)
+            if key is not None:
+                _send({"event": "exited", "key": key, "pid": pid, "exit_code": code})
 
-    # -- forking --------------------------------------------------------------
+    # -- forking engines ------------------------------------------------------
 
-    def _spawn(self, spec: dict[str, Any]) -> None:
+    def _spawn_engine(self, spec: dict[str, Any]) -> None:
+        key = spec["key"]
+        self.specs[key] = spec
+        ours = theirs = None
+        if spec.get("fork_nanny", True):
+            ours, theirs = socket.socketpair()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            self._become_engine(spec)  # never returns
-        self.children[pid] = spec["key"]
-        _send({"event": "started", "key": spec["key"], "pid": pid})
+            if ours is not None:
+                ours.close()
+            self._become_engine(spec, theirs)
+        if ours is not None and theirs is not None:
+            theirs.close()
+            self.nanny_socks[ours.fileno()] = (ours, key)
+        self.engines[pid] = key
+        _send({"event": "started", "key": key, "pid": pid})
 
-    def _become_engine(self, spec: dict[str, Any]) -> None:
+    def _child_setup(self, spec: dict[str, Any]) -> None:
+        """In a fresh child: our signal handling, fds and stdio out, the engine's in."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        for sock, _ in self.nanny_socks.values():
+            sock.close()
+        # stdout/stderr to the engine's log file, as the local launcher does;
+        # this also drops our copies of the launcher's pipes on fds 0 and 1.
+        out = os.open(spec["output"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.chdir(spec["cwd"])
+        os.environ.update(spec["env"])
+
+    def _become_engine(self, spec: dict[str, Any], nanny_sock: socket.socket | None) -> NoReturn:
         code = 1
         try:
             # Die with the zygote; the getppid check closes the race where the
@@ -230,38 +297,89 @@ class Zygote:
                 raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
             if os.getppid() != self.pid:
                 os._exit(1)
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            os.close(self.wake_r)
-            os.close(self.wake_w)
-            # stdout/stderr to the engine's log file, as the local launcher does;
-            # this also drops our copies of the launcher's pipes on fds 0 and 1.
-            out = os.open(spec["output"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.dup2(out, 1)
-            os.dup2(out, 2)
-            os.close(out)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.close(null)
-            os.chdir(spec["cwd"])
-            os.environ.update(spec["env"])
+            self._child_setup(spec)
             _reseed_numpy()
-            code = _run_engine(list(spec["argv"]))
+            code = _run_engine(list(spec["argv"]), nanny_sock)
         except SystemExit as e:
             code = _system_exit_code(e)
         except BaseException:
-            traceback.print_exc()
+            # sys.stderr may still be the kernel's OutStream: write to the log file itself.
+            traceback.print_exc(file=sys.__stderr__)
             code = 1
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:
-                    pass
+            _flush_stdio()
             # Never return into the zygote's loop.
             os._exit(code)
+
+    # -- forking nannies ------------------------------------------------------
+
+    def _nanny_request(self, fd: int) -> None:
+        sock, key = self.nanny_socks[fd]
+        pipe_fd = None
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 65536, 1)
+            if fds:
+                pipe_fd = fds[0]
+            if not data:  # the engine is gone, or runs without a nanny
+                del self.nanny_socks[fd]
+                sock.close()
+                return
+            sock.setblocking(True)  # the rest of one request is already on its way
+            (length,) = _LENGTH.unpack(data[: _LENGTH.size])
+            payload = data[_LENGTH.size :]
+            while len(payload) < length:
+                chunk = sock.recv(length - len(payload))
+                if not chunk:
+                    raise EOFError("engine closed its nanny socket mid-request")
+                payload += chunk
+            if pipe_fd is None:
+                raise ValueError("nanny request without a pipe")
+            if self.shutdown_at is not None:
+                return  # closing the pipe tells the engine "nanny failed"
+            self._spawn_nanny(key, payload, pipe_fd)
+        except Exception:
+            _log(f"nanny request from engine {key} failed:\n{traceback.format_exc()}")
+        finally:
+            if pipe_fd is not None:
+                os.close(pipe_fd)
+
+    def _spawn_nanny(self, key: str, payload: bytes, pipe_fd: int) -> None:
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            self._become_nanny(self.specs[key], payload, pipe_fd)
+        self.nannies[pid] = key
+
+    def _become_nanny(self, spec: dict[str, Any], payload: bytes, pipe_fd: int) -> NoReturn:
+        code = 1
+        try:
+            # Like ipyparallel's nanny: its own session, no PR_SET_PDEATHSIG
+            # (it outlives its engine just long enough to tell the controller).
+            os.setsid()
+            self._child_setup(spec)
+            from ipyparallel.engine.nanny import KernelNanny
+
+            kwargs = pickle.loads(payload)
+            kwargs["pipe"] = os.fdopen(pipe_fd, "w", buffering=1)
+            KernelNanny.main(**kwargs)
+            code = 0
+        except SystemExit as e:
+            code = _system_exit_code(e)
+        except BaseException:
+            traceback.print_exc(file=sys.__stderr__)
+            code = 1
+        finally:
+            _flush_stdio()
+            os._exit(code)
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass
 
 
 def _reseed_numpy() -> None:
@@ -276,22 +394,67 @@ def _system_exit_code(e: SystemExit) -> int:
         return 0
     if isinstance(e.code, int):
         return e.code
-    print(e.code, file=sys.stderr)
+    print(e.code, file=sys.__stderr__)
     return 1
 
 
-def _run_engine(argv: list[str]) -> int:
-    """Run ``ipengine argv`` in this process, as the interpreter would at ``python -m ipyparallel.engine``."""
+def _nanny_via_zygote(sock: socket.socket) -> Any:
+    """A stand-in for ``ipyparallel.engine.nanny.start_nanny`` that has the zygote fork the nanny."""
+
+    def start_nanny(**kwargs: Any) -> tuple[str, Any]:
+        kwargs["pid"] = os.getpid()
+        payload = pickle.dumps(kwargs)
+        data = _LENGTH.pack(len(payload)) + payload
+        read_fd, write_fd = os.pipe()
+        try:
+            sent = socket.send_fds(sock, [data], [write_fd])
+            sock.sendall(data[sent:])
+        finally:
+            os.close(write_fd)
+        # As with ipyparallel's Popen handle: the engine keeps this open for
+        # its lifetime; the nanny takes its closing as the engine's death.
+        pipe = os.fdopen(read_fd, "rb")
+        url = pipe.readline().decode("utf8").strip()
+        if not url:
+            pipe.close()
+            raise RuntimeError("nanny failed")
+        return url, pipe
+
+    return start_nanny
+
+
+def _run_engine(argv: list[str], nanny_sock: socket.socket | None) -> int:
+    """Run ``ipengine argv`` in this process, as ``python -m ipyparallel.engine`` would."""
     import ipyparallel.engine.__main__ as engine_main
+    import ipyparallel.engine.app as engine_app
     from ipyparallel.engine.app import IPEngine
 
     sys.argv = [engine_main.__file__, *argv]
+    if nanny_sock is not None:
+        engine_app.start_nanny = _nanny_via_zygote(nanny_sock)  # type: ignore[attr-defined]
+    app = IPEngine.instance()
+    # ipengine's SIGTERM handler stops the loop under run_sync, which then
+    # raises "Event loop stopped before Future completed" and exits 1.  Note
+    # the signal so that a requested stop exits 0 instead.
+    stop_signals: list[int] = []
+    signal_stop = getattr(app, "_signal_stop", None)
+    if signal_stop is not None:
+
+        def record_stop(sig: int, frame: object) -> None:
+            stop_signals.append(sig)
+            signal_stop(sig, frame)
+
+        app._signal_stop = record_stop
     try:
-        IPEngine.launch_instance(argv)
+        app.initialize(argv)
+        app.start()
         code = 0
     except SystemExit as e:
-        import traceback as tb; tb.print_exc()  # DEBUGX
         code = _system_exit_code(e)
+    except RuntimeError:
+        if not stop_signals:
+            raise
+        code = 0
     # os._exit skips interpreter shutdown: run what a normal exit would.
     atexit._run_exitfuncs()
     return code
@@ -311,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # c10d prints C++ stack traces to stderr unless its log level is raised.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # What IPEngine sets before importing the debugger (a warning otherwise).
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     tic = time.monotonic()
     for name in (*ENGINE_MODULES, *args.preload):
         try:
@@ -320,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
             _send({"event": "error", "message": f"cannot import {name!r}: {type(e).__name__}: {e}"})
             return 1
     import_seconds = time.monotonic() - tic
+    # Threads here would be copied into no child; 2 is numpy's OpenBLAS
+    # server, which stops itself at fork (pthread_atfork).
     threads = _thread_count()
     _log(f"imported {len(args.preload)} preload module(s) in {import_seconds:.2f}s; threads={threads}")
     # Keep the imported objects out of the collector's reach so that it does

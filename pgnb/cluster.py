@@ -90,13 +90,13 @@ class EnginePool:
         cfg = Config()
         # every process pgnb launches carries the owner token, so the reaper can prove ownership
         cfg.BaseLauncher.environment = {OWNER_ENV: token, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        cfg.EngineLauncher.engine_args = ["--log-level=WARN"]
         cfg.MPILauncher.mpi_args = ["--oversubscribe"] if self.launcher == "mpi" else []
         kwargs: dict[str, Any] = dict(
             engines=self.launcher,
             delay=0,
             controller_ip="127.0.0.1",
             controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN"],
-            engine_args=["--log-level=WARN"],
             log_level=logging.WARNING,
             shutdown_atexit=False,  # pgnb stops its cluster itself, all engines at once
             config=cfg,
@@ -191,6 +191,14 @@ class EnginePool:
                 if d["nanny_pid"]:
                     self.reaper.own(d["nanny_pid"])
         return infos
+
+    def warm_up(self, ids: list[int], timeout: float = 120.0) -> None:
+        """Import torch on these engines, all at once."""
+        from . import _engine
+
+        ars = [self.client[eid].apply_async(_engine.warm_up) for eid in ids]
+        for ar in ars:
+            ar.get(timeout=timeout)
 
     # ---- stopping -------------------------------------------------------
     def kill_engines(self, pids: list[int], ids: list[int], timeout: float = 5.0) -> None:

@@ -233,8 +233,11 @@ class Sandbox:
         pool = self._pool
         assert pool is not None
         new = [i for i in pool.ids() if i not in self._known]
-        for info in pool.describe(new):
-            self._known[info.engine_id] = info
+        if new:
+            self._publish(phase="importing torch")
+            for info in pool.describe(new):
+                self._known[info.engine_id] = info
+            pool.warm_up(new)
         self._ranks = rank_order([self._known[i] for i in pool.ids()], spec.world,
                                  use_launcher_rank=spec.launcher not in ("local", "pgnb.fork"))
         rows = [RankStatus(r, spec.world, spec.backend, "pending", host=e.host, pid=e.pid,

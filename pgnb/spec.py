@@ -216,13 +216,18 @@ def _check_backend_available(spec: WorldSpec, gpu_count: int | None) -> None:
             import torch
 
             gpu_count = torch.cuda.device_count()
-        if gpu_count < spec.world:
-            raise BackendUnavailable(
-                f"backend {spec.backend!r} needs one GPU per rank: --world {spec.world} but "
-                f"{gpu_count} GPU(s) visible; use --world {gpu_count} or --backend gloo"
-                if gpu_count
-                else f"backend {spec.backend!r} needs a GPU per rank and none is visible; use --backend gloo"
-            )
+        check_gpu_count(spec, gpu_count)
+
+
+def check_gpu_count(spec: WorldSpec, gpu_count: int) -> None:
+    """NCCL cannot put two ranks on one GPU: a local world needs a GPU per rank."""
+    if spec.uses_cuda and gpu_count < spec.world:
+        raise BackendUnavailable(
+            f"backend {spec.backend!r} needs one GPU per rank: --world {spec.world} but "
+            f"{gpu_count} GPU(s) visible; use --world {gpu_count} or --backend gloo"
+            if gpu_count
+            else f"backend {spec.backend!r} needs a GPU per rank and none is visible; use --backend gloo"
+        )
 
 
 def _normalise_init_method(init_method: object) -> str:

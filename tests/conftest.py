@@ -1,0 +1,68 @@
+"""Shared fixtures: a temporary IPYTHONDIR, one shared world, leak checks."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Before anything imports IPython or ipyparallel: never touch the user's profile.
+if not os.environ.get("IPYTHONDIR", "").startswith(tempfile.gettempdir()):
+    os.environ["IPYTHONDIR"] = tempfile.mkdtemp(prefix="pgnb-test-ipython-")
+
+# Engines inherit this: functions defined in test modules are sent by reference.
+_here = os.path.dirname(os.path.abspath(__file__))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_here, os.environ.get("PYTHONPATH")) if p)
+
+import psutil
+import pytest
+
+
+def alive(pids):
+    """The pids still running (zombies count as gone)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_gone(pids, timeout=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive(pids)
+
+
+@pytest.fixture(scope="session")
+def world4():
+    """One gloo world of 4 shared by the tests that only read or run collectives."""
+    import pgnb
+
+    sb = pgnb.Sandbox(backend="gloo", world=4)
+    sb.start()
+    yield sb
+    pids = sb.pids
+    sb.shutdown()
+    assert wait_gone(pids) == []
+
+
+@pytest.fixture
+def shell():
+    """An IPython shell with pgnb loaded; its world is shut down afterwards."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import pgnb
+    from pgnb.sandbox import set_current
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "pgnb")
+    yield ip
+    sb = pgnb.current()
+    if sb is not None:
+        sb.shutdown()
+    set_current(None)

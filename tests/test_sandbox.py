@@ -1,0 +1,160 @@
+"""The core against real ipyparallel engines: init, query, re-init, failures, cleanup."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import pgnb
+from conftest import alive, wait_gone
+
+pytestmark = pytest.mark.integration
+
+
+def _facts():
+    import torch.distributed as dist
+
+    return (dist.is_initialized(), dist.get_rank(), dist.get_world_size(), str(dist.get_backend()),
+            os.environ["MASTER_ADDR"], os.environ.get("GLOO_SOCKET_IFNAME"))
+
+
+def _all_reduce():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(2) * dist.get_rank()
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def test_world4_ranks_answer_for_themselves(world4):
+    rows = world4.status()
+    assert [r.rank for r in rows] == [0, 1, 2, 3]
+    assert {r.state for r in rows} == {"initialized"}
+    assert {(r.world_size, r.backend, r.device) for r in rows} == {(4, "gloo", "cpu")}
+    assert len({r.pid for r in rows}) == 4
+    facts = world4.run(_facts)
+    assert [f[1] for f in facts] == [0, 1, 2, 3]
+    assert {(f[0], f[2], f[3], f[4], f[5]) for f in facts} == {(True, 4, "gloo", "127.0.0.1", "lo")}
+    assert world4.run(_all_reduce) == [[6.0, 6.0]] * 4
+
+
+def test_rank_follows_sorted_engine_ids(world4):
+    assert world4.engine_ids == sorted(world4.engine_ids)
+    assert world4.client is not None and set(world4.engine_ids) <= set(world4.client.ids)
+
+
+def test_same_spec_is_a_no_op(world4):
+    pids = [r.pid for r in world4.status()]
+    t0 = time.monotonic()
+    world4.init(world4.spec)
+    assert time.monotonic() - t0 < 1.0
+    assert [r.pid for r in world4.status()] == pids
+
+
+def test_threads_per_rank(world4):
+    threads = world4.run(lambda: __import__("torch").get_num_threads())
+    assert threads == [world4.spec.threads_per_rank] * 4
+
+
+@pytest.mark.parametrize("init_method", ["env", "tcp", "file"])
+@pytest.mark.parametrize("world", [1, 2])
+def test_init_methods_and_small_worlds(init_method, world):
+    with pgnb.Sandbox(world=world, init_method=init_method, timeout=30) as sb:
+        assert [r.state for r in sb.status()] == ["initialized"] * world
+        assert sb.run(_all_reduce) == [[float(sum(range(world)))] * 2] * world
+        store_dir = sb._store_dir.path if sb._store_dir else None
+        pids = sb.pids
+    assert wait_gone(pids) == []
+    if init_method == "file":
+        assert store_dir and not os.path.exists(store_dir)
+
+
+def test_reinit_reuses_engines_and_changes_world():
+    with pgnb.Sandbox(world=2) as sb:
+        first = set(sb.engine_ids)
+        sb.destroy()
+        assert {r.state for r in sb.snapshot().ranks} == {"destroyed"}
+        assert {r.state for r in sb.status()} == {"destroyed"}
+        sb.init(sb.spec.with_(init_method="tcp"))
+        assert set(sb.engine_ids) == first  # destroy + init reused the engines
+        sb.init(sb.spec.with_(world=3))  # grow
+        assert len(sb.engine_ids) == 3 and first <= set(sb.engine_ids)
+        assert sb.run(_all_reduce) == [[3.0, 3.0]] * 3
+        sb.init(sb.spec.with_(world=1))  # shrink: a subset of the same engines
+        assert sb.run(_facts)[0][:3] == (True, 0, 1)
+
+
+def test_deadline_names_the_late_rank_and_recovers():
+    sb = pgnb.Sandbox(world=2, timeout=2, delay_ranks="1:30")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(pgnb.InitError) as info:
+            sb.start()
+        took = time.monotonic() - t0
+        msg = str(info.value)
+        assert "rank 1 did not join within the 2 s timeout" in msg
+        assert "--force" in msg and "\n" not in msg
+        assert took < 15, took
+        states = {r.rank: r.state for r in sb.snapshot().ranks}
+        assert states == {0: "failed", 1: "failed"}
+        # the next init works on what is left
+        sb.init(sb.spec.with_(delay_ranks=(), timeout=30.0))
+        assert sb.run(_all_reduce) == [[1.0, 1.0]] * 2
+    finally:
+        pids = sb.pids
+        sb.shutdown()
+    assert wait_gone(pids) == []
+
+
+def test_force_restarts_engines():
+    with pgnb.Sandbox(world=2) as sb:
+        old = {r.pid for r in sb.status()}
+        sb.start(force=True)
+        new = {r.pid for r in sb.status()}
+        assert old.isdisjoint(new)
+        assert wait_gone(list(old)) == []
+
+
+def test_run_failure_names_the_rank(world4):
+    def boom():
+        import torch.distributed as dist
+
+        if dist.get_rank() == 2:
+            raise RuntimeError("only rank 2 fails")
+        return dist.get_rank()
+
+    with pytest.raises(pgnb.RankError, match=r"rank 2: RuntimeError: only rank 2 fails") as info:
+        world4.run(boom)
+    assert info.value.failed_ranks == [2]
+
+
+def test_run_before_start_says_what_to_do():
+    sb = pgnb.Sandbox(world=1)
+    with pytest.raises(pgnb.NotStartedError, match="run `%pg_init`"):
+        sb.run(len, [])
+
+
+def test_reaper_kills_everything_when_owner_dies(tmp_path):
+    """A kernel killed with SIGKILL: its reaper stops every process pgnb started."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import pgnb, sys\n"
+        "sb = pgnb.Sandbox(world=2).start()\n"
+        "print(' '.join(map(str, sb.pids)), flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    owner = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=os.environ.copy())
+    pids = [int(p) for p in owner.stdout.readline().split()]
+    assert len(pids) >= 6, pids  # 2 engines, 2 nannies, controller, reaper
+    assert alive(pids) == pids
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert wait_gone(pids, timeout=10) == []
