@@ -92,8 +92,17 @@ def _expect() -> Any:
 
 
 def _view(nb: Any, cell: int) -> Any:
+    """The one pgnb view in a finished cell's output (as widget DOM, not the text fallback)."""
     view = nb.output(cell).locator(VIEW)
-    _expect()(view).to_have_count(1, timeout=UI_TIMEOUT_MS)
+    try:
+        _expect()(view).to_have_count(1, timeout=15_000)
+    except AssertionError:
+        outputs = nb.output(cell).locator(".jp-OutputArea-output")
+        mimes = [outputs.nth(i).get_attribute("data-mime-type") for i in range(outputs.count())]
+        pytest.fail(
+            f"cell {cell} shows no rendered {VIEW} widget; its outputs are {mimes} "
+            f"(no widget-view output = widget manager missing): {nb.output(cell).inner_text()[:500]!r}"
+        )
     return view
 
 
