@@ -102,6 +102,7 @@ class StatusView(W.VBox):
         self._refresh.on_click(lambda _: self._sandbox.status())
         self._shutdown.on_click(lambda _: self._sandbox.shutdown())
         self._row_widgets: list[W.HTML] = []
+        self._title = W.HTML(self._cells(list(COLUMNS), bold=True)).add_class("pgnb-title")
         super().__init__([self._header, self._rows_box, self._message,
                           W.HBox([self._refresh, self._shutdown])], **kwargs)
         self.add_class("pgnb-view")
@@ -125,8 +126,8 @@ class StatusView(W.VBox):
             for w, r in zip(rows, snap.ranks):
                 w.value = self._row_html(r)
                 w._dom_classes = ("pgnb-row", f"pgnb-rank-{r.rank}", f"pgnb-is-{r.state}")
-            if list(self._rows_box.children) != rows:
-                self._rows_box.children = [self._title_row(), *rows]
+            if list(self._rows_box.children) != [self._title, *rows]:
+                self._rows_box.children = [self._title, *rows]
             self._message.value = (f"<span style='color:{STATE_COLOURS['failed']}'>{html.escape(snap.message)}</span>"
                                    if snap.message else "")
             stopped = snap.phase == "shut down"
@@ -156,9 +157,6 @@ class StatusView(W.VBox):
         style = "display:inline-block;padding:0 .4em;white-space:nowrap;overflow:hidden;vertical-align:top"
         weight = ";font-weight:bold" if bold else ""
         return "".join(f"<span style='{style};width:{w}{weight}'>{v}</span>" for v, w in zip(values, _WIDTHS))
-
-    def _title_row(self) -> W.HTML:
-        return W.HTML(self._cells([c for c in COLUMNS], bold=True)).add_class("pgnb-title")
 
     def _row_html(self, r: Any) -> str:
         colour = STATE_COLOURS.get(r.state, "#000")
