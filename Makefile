@@ -6,6 +6,9 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
+# As root, `make test` installs Chromium, so the browser test must run rather than skip.
+PGNB_REQUIRE_BROWSER ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
+export PGNB_REQUIRE_BROWSER
 # Debian packages the tests use (browser test, MPI launcher, network namespaces).
 APT_PACKAGES := chromium openmpi-bin libopenmpi-dev iproute2
 

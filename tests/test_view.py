@@ -92,3 +92,12 @@ def test_buttons_call_back_into_the_sandbox(sb, monkeypatch):
     refresh.click()
     stop.click()
     assert calls == ["status", "shutdown"]
+
+
+def test_updates_reuse_the_row_widgets(sb):
+    view = StatusView(sb)
+    before = [w.model_id for w in view._rows_box.children]
+    for state in ("pending", "initialized", "destroyed"):
+        sb._set_rows([RankStatus(r, 4, "gloo", state) for r in range(4)], phase="rendezvous")
+    assert [w.model_id for w in view._rows_box.children] == before
+    assert _states(view) == ["destroyed"] * 4
