@@ -222,3 +222,133 @@ def destroy() -> bool:
     _STATE.pop("store", None)
     close_store_socket()
     return destroyed
+
+
+# ---- %%pg cells ------------------------------------------------------------
+#: Last-expression values bigger than this stay on the rank (``_pg`` gets a stand-in).
+VALUE_LIMIT = 64 * 2**20
+
+
+def stack_file(stack_dir: str, pid: int) -> str:
+    """Where the engine with ``pid`` writes its faulthandler dumps (one 0600 file per engine)."""
+    return os.path.join(stack_dir, f"stacks-{pid}.txt")
+
+
+def enable_stack_dumps(stack_dir: str | None) -> str | None:
+    """Dump every thread's Python stack into a 0600 file on SIGUSR1.
+
+    faulthandler writes from a C signal handler, so the dump works while the
+    main thread is blocked inside a gloo collective (which ignores SIGINT).
+    ``stack_dir`` is a 0700 directory the kernel made; on another host it does
+    not exist and the rank simply has no dumps. Idempotent.
+    """
+    import faulthandler
+    import signal
+
+    path = None if stack_dir is None else stack_file(stack_dir, os.getpid())
+    if path is None or _STATE.get("stack_path") == path:
+        return _STATE.get("stack_path")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return None
+    old = _STATE.pop("stack_file", None)
+    _STATE["stack_file"] = f = os.fdopen(fd, "w")
+    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
+    if old is not None:
+        old.close()
+    _STATE["stack_path"] = path
+    return path
+
+
+def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
+             want_value: bool = True) -> dict[str, Any]:
+    """Run a notebook cell in this rank's IPython namespace, as ``%%pg`` does.
+
+    Runs through ``shell.run_cell`` (so magics, ``display()`` and the
+    last-expression value behave as in a notebook), but as an apply request:
+    a failing cell is reported in the return value, so the engine never
+    aborts the requests queued behind it (``TaskAborted``). ``label`` is the
+    notebook's cell number, so tracebacks say ``Cell In[label]`` on every run.
+    """
+    enable_stack_dumps(stack_dir)
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    error: dict[str, Any] = {}
+
+    def grab(etype: Any, evalue: Any, stb: list[str]) -> None:
+        error.update(ename=getattr(etype, "__name__", str(etype)), evalue=str(evalue), traceback=list(stb))
+
+    saved_count = shell.execution_count
+    shadowed = shell.__dict__.get("_showtraceback")
+    shell._showtraceback = grab  # the formatted traceback comes back in the reply, not on iopub
+    if label is not None:
+        shell.execution_count = label
+    try:
+        res = shell.run_cell(code, store_history=False, silent=False)
+    finally:
+        if shadowed is None:
+            del shell._showtraceback
+        else:
+            shell._showtraceback = shadowed
+        shell.execution_count = saved_count
+    out: dict[str, Any] = {"ok": bool(res.success), "before_exec": res.error_before_exec is not None}
+    if not res.success:
+        exc = res.error_before_exec or res.error_in_exec
+        out.update(ename=type(exc).__name__, evalue=str(exc), traceback=[])
+        out.update(error)
+        if isinstance(exc, SyntaxError):  # str() names the cell's temp file; say the line instead
+            out["evalue"] = f"{exc.msg} (line {exc.lineno})" if exc.lineno else str(exc.msg)
+    if want_value and res.result is not None:
+        out["value"] = pack_value(res.result)
+    return out
+
+
+def pack_value(value: Any) -> tuple[str, Any]:
+    """``("pickle", bytes)`` if the value can travel safely, else ``("text", why)``.
+
+    Tensors come back on the CPU (the kernel may have no GPU); anything that
+    does not pickle, or is over ``VALUE_LIMIT``, stays on the rank.
+    """
+    import pickle
+
+    try:
+        data = pickle.dumps(_to_cpu(value, 3), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # lambdas, open files, process groups, ...
+        return ("text", f"cannot be pickled ({type(e).__name__})")
+    if len(data) > VALUE_LIMIT:
+        return ("text", f"too big to copy ({len(data) // 2**20} MiB)")
+    return ("pickle", data)
+
+
+def _to_cpu(value: Any, depth: int) -> Any:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().cpu() if value.device.type != "cpu" else value
+    if depth <= 0:
+        return value
+    if type(value) in (list, tuple):
+        return type(value)(_to_cpu(v, depth - 1) for v in value)
+    if type(value) is dict:
+        return {k: _to_cpu(v, depth - 1) for k, v in value.items()}
+    return value
+
+
+def push_values(values: dict[str, Any]) -> None:
+    """``Sandbox.push``: put the values into this rank's namespace, as cells see it."""
+    from IPython import get_ipython
+
+    get_ipython().user_ns.update(values)
+
+
+def pull_value(name: str) -> Any:
+    """``Sandbox.pull``: this rank's value of ``name`` (tensors come back on the CPU)."""
+    from IPython import get_ipython
+
+    ns = get_ipython().user_ns
+    if name not in ns:
+        raise NameError(f"name {name!r} is not defined on this rank")
+    return _to_cpu(ns[name], 3)

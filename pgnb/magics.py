@@ -100,22 +100,61 @@ class PgMagics(Magics):
     @magic_arguments()
     @argument("--ranks", "-r", default=None, help="which ranks run the cell: 0 | 0,2 | 1-3 | 0,2-3 (default all)")
     @argument("--timeout", "-t", default=None,
-              help="stop waiting after this many seconds and show where each rank is stuck")
+              help="stop waiting after this many seconds; show which ranks finished and where each "
+                   "rank still running is blocked (default: wait as long as the cell runs)")
+    @argument("--push", "-p", default=None, metavar="NAMES",
+              help="first copy these notebook variables to the ranks, e.g. --push x,lr")
+    @argument("--out", "-o", default=None, metavar="NAME",
+              help="also store the per-rank values of the last expression (like _pg) in this variable")
     def pg(self, line: str, cell: str) -> None:
-        """Run the cell on every rank (or --ranks); output grouped by rank, in rank order."""
+        """Run the cell on every rank (or --ranks) at once; output grouped by rank, in rank order.
+
+        Each rank runs the cell in its own namespace, where torch, dist, rank,
+        world_size and device are already defined. Output appears when the
+        ranks finish: each rank's stdout, stderr, displays and last value
+        (Out[rank N]) under a [rank N] heading; a rank that fails shows its
+        traceback and the cell fails.
+
+        Afterwards ``_pg`` holds the value of the cell's last expression on
+        each rank: a list indexed by rank, None for ranks that did not run or
+        had no value. Values are copied from the ranks (tensors arrive on the
+        CPU); one that cannot be pickled, or is over 64 MiB, is a
+        pgnb.cells.RankValue that shows the rank's text of it.
+
+        Without --timeout a cell runs as long as it needs; the interrupt
+        button interrupts the ranks. A rank blocked in a collective that not
+        every rank entered cannot be interrupted: pgnb shows where it is
+        blocked and the %pg_init ... --force line that restarts the world.
+        """
+        from .cells import CellInterrupted
+
         args = parse_argstring(self.pg, line)
         sb = self._world()
         try:
             ranks = parse_ranks(args.ranks, sb.spec.world)
             timeout = None if args.timeout is None else _positive_seconds(args.timeout)
+            push = _names("--push", args.push)
+            out_name = _names("--out", args.out)
         except ValueError as e:
             raise UsageError(str(e)) from None
+        if len(out_name) > 1:
+            raise UsageError(f"--out takes one variable name, not {args.out!r}")
+        missing = [n for n in push if n not in self.shell.user_ns]
+        if missing:
+            raise UsageError(f"--push {missing[0]}: no variable {missing[0]!r} in the notebook; define it first")
         try:
-            result = sb.execute(cell, ranks=ranks, timeout=timeout)
+            if push:
+                sb.push({n: self.shell.user_ns[n] for n in push}, ranks=ranks)
+            result = sb.execute(cell, ranks=ranks, timeout=timeout, label=self.shell.execution_count)
+        except CellInterrupted as e:
+            result = e.result
         except PgnbError as e:
             raise UsageError(str(e)) from None
         render_cell_result(result)
-        self.shell.user_ns["_pg"] = [r.value_text for r in result.ranks]
+        values = result.values
+        self.shell.user_ns["_pg"] = values
+        if out_name:
+            self.shell.user_ns[out_name[0]] = values
         err = result.error()
         if err is not None:
             raise UsageError(str(err))
@@ -158,26 +197,34 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _names(option: str, text: str | None) -> list[str]:
+    """``"x, y"`` -> ``["x", "y"]``; each must be a plain Python name."""
+    if text is None:
+        return []
+    names = [n.strip() for n in text.split(",")]
+    for n in names:
+        if not n.isidentifier():
+            raise ValueError(f"{option} {text!r}: {n!r} is not a variable name; use e.g. {option} x,y")
+    return names
+
+
 def render_cell_result(result: CellResult) -> None:
-    """Each rank's output under a ``[rank N]`` heading, in rank order."""
+    """Show ``result.pieces()`` in order: each rank's output under a ``[rank N]`` heading.
+
+    Text goes to the cell's stdout/stderr (flushed at every switch, so the
+    order holds), rich outputs go through ``display``.
+    """
     import sys
 
-    for r in result.ranks:
-        heading = f"[rank {r.rank}]" + ("" if r.state in ("finished", "failed") else f" {r.state}")
-        if not (r.stdout or r.stderr or r.outputs or r.result is not None or r.state != "finished"):
-            continue
-        print(heading)
-        if r.stdout:
-            print(r.stdout, end="" if r.stdout.endswith("\n") else "\n")
-        if r.stderr:
+    last = None
+    for kind, piece in result.pieces():
+        if last is not None and last != kind:
             sys.stdout.flush()
-            print(r.stderr, end="" if r.stderr.endswith("\n") else "\n", file=sys.stderr)
             sys.stderr.flush()
-        for bundle in r.outputs:
-            sys.stdout.flush()
-            display(bundle, raw=True)
-        if r.result is not None:
-            print(f"Out[rank {r.rank}]: {r.value_text}")
-        if r.traceback:
-            print("\n".join(r.traceback))
-        sys.stdout.flush()
+        if kind == "display":
+            display(piece, raw=True)
+        else:
+            (sys.stdout if kind == "stdout" else sys.stderr).write(piece)
+        last = kind
+    sys.stdout.flush()
+    sys.stderr.flush()

@@ -417,11 +417,45 @@ class Sandbox:
             raise err(text, [r for r, _ in failures])
         return results
 
-    def execute(self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None) -> Any:
-        """Run a code string in each rank's namespace; a ``CellResult`` in rank order."""
+    def execute(self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None,
+                label: int | None = None) -> Any:
+        """Run a code string in each rank's namespace; a ``CellResult`` in rank order.
+
+        A rank's error is in the result (``result.error()``), not raised; ranks still
+        running at ``timeout`` are reported with their stacks. Ctrl-C interrupts the
+        ranks and raises ``pgnb.cells.CellInterrupted`` (a ``KeyboardInterrupt``).
+        """
         from .cells import run_cell
 
-        return run_cell(self, code, ranks=None if ranks is None else list(ranks), timeout=timeout)
+        return run_cell(self, code, ranks=None if ranks is None else list(ranks), timeout=timeout, label=label)
+
+    def push(self, values: dict[str, Any] | None = None, /, *, ranks: Iterable[int] | None = None,
+             timeout: float | None = None, **named: Any) -> None:
+        """Copy values into every rank's namespace (or ``ranks``): ``sb.push(lr=0.1, data=t)``.
+
+        A dict works too, for names that clash with the keywords: ``sb.push({"ranks": r})``.
+        """
+        from .cells import check_idle
+        from .errors import SpecError
+
+        ns = {**(values or {}), **named}
+        bad = [k for k in ns if not (isinstance(k, str) and k.isidentifier())]
+        if bad:
+            raise SpecError(f"cannot push {bad[0]!r}: a name on the ranks must be a Python identifier")
+        chosen = None if ranks is None else list(ranks)
+        check_idle(self, chosen)
+        self.run(_engine.push_values, ns, ranks=chosen, timeout=timeout)
+
+    def pull(self, name: str, ranks: Iterable[int] | None = None, timeout: float | None = None) -> list[Any]:
+        """The value of ``name`` on every rank (or ``ranks``), in rank order; tensors arrive on the CPU."""
+        from .cells import check_idle
+        from .errors import SpecError
+
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise SpecError(f"cannot pull {name!r}: give the plain name of a variable on the ranks")
+        chosen = None if ranks is None else list(ranks)
+        check_idle(self, chosen)
+        return self.run(_engine.pull_value, name, ranks=chosen, timeout=timeout)
 
     # ---- teardown -----------------------------------------------------
     def _destroy_ranks(self, quiet: bool = False, timeout: float = 10.0) -> None:
