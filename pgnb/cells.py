@@ -308,6 +308,7 @@ def _cells(sb: Sandbox) -> _Cells:
         stack_dir = OwnedDir(prefix="pgnb-stacks-")
         weakref.finalize(sb, stack_dir.remove)
         state = _CELLS[sb] = _Cells(stack_dir)
+        sb.add_listener(_forget_after_shutdown)
     reaper = getattr(sb, "_reaper", None)
     if reaper is not None and state.owned_by != id(reaper):
         # if the kernel is killed, its reaper removes the directory with the rest
@@ -315,6 +316,15 @@ def _cells(sb: Sandbox) -> _Cells:
             reaper.own_path(state.stack_dir.path)
         state.owned_by = id(reaper)
     return state
+
+
+def _forget_after_shutdown(sb: Sandbox) -> None:
+    """A world that was shut down leaves no stack files (a restart makes a new directory)."""
+    if sb.snapshot().phase == "shut down":
+        state = _CELLS.pop(sb, None)
+        sb.remove_listener(_forget_after_shutdown)
+        if state is not None:
+            state.stack_dir.remove()
 
 
 def check_idle(sb: Sandbox, ranks: list[int] | None) -> None:

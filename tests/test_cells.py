@@ -34,10 +34,14 @@ def plain(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def world():
+    from pgnb.cells import _CELLS
+
     sb = pgnb.Sandbox(backend="gloo", world=4)
     sb.start()
     yield sb
+    stack_dir = _CELLS[sb].stack_dir.path if sb in _CELLS else None
     sb.shutdown()
+    assert stack_dir is None or not os.path.exists(stack_dir)  # no stack files left behind
 
 
 @pytest.fixture(scope="module")
