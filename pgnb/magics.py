@@ -33,8 +33,8 @@ class PgMagics(Magics):
         super().__init__(shell)
         self._views: deque[StatusView] = deque()
 
-    def _show_view(self, sb: Sandbox, live: bool) -> StatusView:
-        view = StatusView(sb, live=live)
+    def _show_view(self, sb: Sandbox, live: bool, spec: WorldSpec | None = None) -> StatusView:
+        view = StatusView(sb, live=live, spec=spec)
         self._views.append(view)
         while len(self._views) > LIVE_VIEWS:
             self._views.popleft().detach()
@@ -88,7 +88,7 @@ class PgMagics(Magics):
         if sb is None:
             sb = Sandbox(spec=spec)
             set_current(sb)
-        self._show_view(sb, live=True)
+        self._show_view(sb, live=True, spec=spec)
         try:
             sb.init(spec, force=args.force)
         except PgnbError as e:

@@ -22,6 +22,7 @@ import ipywidgets as W
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox, Snapshot
+    from .spec import WorldSpec
 
 STATE_COLOURS = {
     "starting": "#9e9e9e",
@@ -89,9 +90,11 @@ class WorldReport:
 class StatusView(W.VBox):
     """Live view of a world: header, one row per rank, and actions."""
 
-    def __init__(self, sandbox: Sandbox, live: bool = False, **kwargs: Any) -> None:
+    def __init__(self, sandbox: Sandbox, live: bool = False, spec: WorldSpec | None = None, **kwargs: Any) -> None:
         self._sandbox = sandbox
         self.live = live
+        # what was asked for: a live view is shown before the sandbox has switched to it
+        self._requested = spec
         self._header = W.HTML().add_class("pgnb-header")
         self._rows_box = W.VBox().add_class("pgnb-rows")
         self._refresh = W.Button(description="Refresh", icon="refresh",
@@ -172,7 +175,8 @@ class StatusView(W.VBox):
     def text(self) -> str:
         snap = self._sandbox.snapshot()
         if self.live:
-            return f"{header_text(snap)} (live view; the outcome follows)"
+            spec = self._requested or snap.spec
+            return f"pgnb world: {spec.describe()} (live view; the outcome follows)"
         return status_table(snap)
 
     def __repr__(self) -> str:
