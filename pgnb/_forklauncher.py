@@ -51,6 +51,15 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode
 #: How often a waiting coroutine looks at the zygote's events.
 _POLL_SECONDS = 0.02
 
+#: Where this pgnb is imported from: the zygote imports pgnb._zygote from the
+#: same place, whatever its working directory (the notebook's) holds.
+_PGNB_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: The zygote's ``python -c`` program: ``python -m pgnb._zygote`` that finds pgnb.
+_ZYGOTE_MAIN = (
+    "import sys; p = {path!r}; p in sys.path or sys.path.insert(1, p); from pgnb._zygote import main; sys.exit(main())"
+)
+
 
 def _signal_number(sig: int | str) -> int:
     """``15``, ``"TERM"`` or ``"SIGTERM"`` -> 15, as BaseLauncher.signal documents."""
@@ -62,7 +71,7 @@ def _signal_number(sig: int | str) -> int:
     return int(sig)
 
 
-class ForkEngineSetLauncher(EngineLauncher):
+class ForkEngineSetLauncher(EngineLauncher):  # type: ignore[misc]  # ipyparallel is untyped
     """Launch a set of engines forked from one zygote that has torch imported."""
 
     preload = List(
@@ -96,9 +105,7 @@ class ForkEngineSetLauncher(EngineLauncher):
 
     zygote_pid = Integer(-1, help="pid of the zygote process").tag(to_dict=True)
 
-    engine_pids = Dict(
-        help="pid of each engine, by key ('0', '1', ...)"
-    ).tag(to_dict=True)
+    engine_pids = Dict(help="pid of each engine, by key ('0', '1', ...)").tag(to_dict=True)
 
     stop_data = Dict()
 
@@ -114,11 +121,15 @@ class ForkEngineSetLauncher(EngineLauncher):
         self._exited: dict[str, dict[str, Any]] = {}
         self._stopping = False
         self._outputs: dict[str, str] = {}
+        self._exit_statuses: dict[int, int] = {}  # engine pid -> exit status, set by the reader thread
+        #: The zygote's "ready" event: pid, import_seconds, threads (for diagnosis).
+        self.zygote_ready: dict[str, Any] = {}
 
     # -- paths and command -----------------------------------------------------
 
     def find_args(self) -> list[str]:
-        args = [sys.executable, "-m", "pgnb._zygote", "--grace", str(self.stop_seconds_until_kill)]
+        program = _ZYGOTE_MAIN.format(path=_PGNB_PARENT)
+        args = [sys.executable, "-c", program, "--grace", str(self.stop_seconds_until_kill)]
         args += [f"--preload={name}" for name in self.preload]
         return args
 
@@ -170,7 +181,11 @@ class ForkEngineSetLauncher(EngineLauncher):
                 start_new_session=True,  # no SIGINT from the notebook's process group
             )
         self.zygote_pid = self._zygote.pid
-        self._send({"op": "spawn", "engines": specs})
+        try:
+            self._send({"op": "spawn", "engines": specs})
+        except BrokenPipeError:
+            pass  # the zygote is already gone: the wait below reports why
+
         self._reader = threading.Thread(
             target=self._read_events, daemon=True, name=f"pgnb-zygote-reader(pid={self.zygote_pid})"
         )
@@ -185,8 +200,7 @@ class ForkEngineSetLauncher(EngineLauncher):
             if time.monotonic() > deadline:
                 await self._abandon_zygote()
                 raise TimeoutError(
-                    f"pgnb zygote did not fork {n} engines in {self.start_timeout:g}s; "
-                    f"see {self.zygote_output_file}"
+                    f"pgnb zygote did not fork {n} engines in {self.start_timeout:g}s; see {self.zygote_output_file}"
                 )
             await asyncio.sleep(_POLL_SECONDS)
         pids = [self.engine_pids[str(i)] for i in range(n)]
@@ -230,6 +244,9 @@ class ForkEngineSetLauncher(EngineLauncher):
                 event = json.loads(line)
             except ValueError:
                 continue
+            if event.get("event") == "exited":
+                # Known at once, whether or not an event loop runs the callbacks.
+                self._exit_statuses[event["pid"]] = event["exit_code"]
             self._events.append(event)
             self._wake()
         code = proc.wait()
@@ -241,9 +258,20 @@ class ForkEngineSetLauncher(EngineLauncher):
         if aio_loop is not None and aio_loop.is_closed():
             # The loop we started on is gone (the sync Cluster API runs each
             # call on a fresh loop): nobody would run a callback, so do it here.
-            self._drain()
+            try:
+                self._drain()
+            except Exception:
+                # Never let the reader thread die: later events would be lost.
+                self.log.exception("pgnb zygote %s: error handling its events", self.zygote_pid)
         else:
             self.loop.add_callback(self._drain)
+
+    def exit_status(self, pid: int) -> int | None:
+        """How engine ``pid`` of this set ended (negative: killed by that signal); None if running or unknown.
+
+        Thread-safe and up to date even when no event loop runs the launcher's callbacks.
+        """
+        return self._exit_statuses.get(pid)
 
     def _drain(self) -> None:
         with self._drain_lock:
@@ -264,6 +292,7 @@ class ForkEngineSetLauncher(EngineLauncher):
                     for key in list(self.engine_pids):
                         self._engine_exited(key, None)
                 elif kind == "ready":
+                    self.zygote_ready = event
                     self.log.debug("pgnb zygote %s ready: %s", self.zygote_pid, event)
             self._maybe_finished()
 
@@ -282,12 +311,15 @@ class ForkEngineSetLauncher(EngineLauncher):
         if self.state != "running" or len(self._exited) < self.n:
             return
         self._close_stdin()
-        exit_code = 0
-        for data in self._exited.values():
-            if data["exit_code"]:
-                exit_code = data["exit_code"]
-                break
-        self.notify_stop({"engines": dict(self._exited), "exit_code": exit_code})
+        # The first engine failure; else a zygote that died (taking with it
+        # engines whose status is unknown); else 0.
+        codes = [data["exit_code"] for data in self._exited.values()]
+        exit_code = next((code for code in codes if code), None)
+        if exit_code is None:
+            exit_code = self._zygote_exit_code if None in codes and self._zygote_exit_code else 0
+        self.notify_stop(
+            {"engines": dict(self._exited), "exit_code": exit_code, "zygote_exit_code": self._zygote_exit_code}
+        )
 
     def _close_stdin(self) -> None:
         proc = self._zygote
@@ -319,7 +351,7 @@ class ForkEngineSetLauncher(EngineLauncher):
         if self._zygote is not None:
             return self._zygote.poll() is not None
         try:
-            return psutil.Process(self.zygote_pid).status() == psutil.STATUS_ZOMBIE
+            return bool(psutil.Process(self.zygote_pid).status() == psutil.STATUS_ZOMBIE)
         except psutil.NoSuchProcess:
             return True
 
@@ -332,7 +364,10 @@ class ForkEngineSetLauncher(EngineLauncher):
         signum = _signal_number(sig)
         if self._zygote is not None:
             # The zygote signals only children it has not reaped: no pid reuse.
-            self._send({"op": "signal", "sig": signum})
+            try:
+                self._send({"op": "signal", "sig": signum})
+            except (BrokenPipeError, NotRunning) as e:
+                self.log.debug("Not signalling engine set %s: %r", self.engine_set_id, e)
             return
         for proc in self._attached_engines():
             try:
@@ -429,7 +464,7 @@ class ForkEngineSetLauncher(EngineLauncher):
     @classmethod
     def from_dict(cls, d: dict[str, Any], **kwargs: Any) -> ForkEngineSetLauncher:
         """Attach (by pid, without the pipes) to an engine set another process started."""
-        self = super().from_dict(d, **kwargs)
+        self: ForkEngineSetLauncher = super().from_dict(d, **kwargs)
         try:
             psutil.Process(self.zygote_pid)
         except psutil.NoSuchProcess:

@@ -1,7 +1,8 @@
 """The zygote: import torch and the ipyparallel engine once, then fork engines.
 
 :class:`pgnb._forklauncher.ForkEngineSetLauncher` starts one zygote per engine
-set as ``python -m pgnb._zygote --grace S [--preload MODULE ...]``.  The zygote
+set, running :func:`main` with ``--grace S [--preload MODULE ...]`` (what
+``python -m pgnb._zygote`` does), in its own session.  The zygote
 imports the engine's modules and the preload modules (torch by default) while
 it is still single-threaded and has no zmq context, then forks one child per
 engine.  Each child sets up its own stdio, environment and working directory
@@ -85,6 +86,9 @@ ENGINE_MODULES = (
     "tornado.queues",
 )
 
+#: At shutdown, how long nannies may outlive the last engine.
+NANNY_GRACE = 0.5
+
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 _LENGTH = struct.Struct("!Q")
@@ -124,6 +128,8 @@ class Zygote:
         self.stdin_open = True
         self.shutdown_at: float | None = None
         self.killed = False
+        self.gave_up = False
+        self.engines_gone_at: float | None = None
         self._term_requested = False
         self._pending = b""
         self.wake_r, self.wake_w = os.pipe()
@@ -148,14 +154,8 @@ class Zygote:
             if self.shutdown_at is not None:
                 if not self.engines and not self.nannies:
                     return 0
-                now = time.monotonic()
-                if not self.killed and now >= self.shutdown_at + self.grace:
-                    _log(f"still running after {self.grace:g}s: {self._running()}; sending SIGKILL")
-                    self._signal(signal.SIGKILL, nannies=True)
-                    self.killed = True
-                if self.killed and now >= self.shutdown_at + self.grace + 10:
-                    # SIGKILLed processes that still do not go are not ours to wait for.
-                    _log(f"giving up on {self._running()}")
+                self._shutdown_step(time.monotonic())
+                if self.gave_up:
                     return 1
                 timeout = 0.1
             fds = [self.wake_r, *self.nanny_socks] + ([0] if self.stdin_open else [])
@@ -170,6 +170,32 @@ class Zygote:
                     self._read_stdin()
                 elif fd in self.nanny_socks:
                     self._nanny_request(fd)
+
+    def _shutdown_step(self, now: float) -> None:
+        assert self.shutdown_at is not None
+        if self.engines:
+            self.engines_gone_at = None
+        elif self.engines_gone_at is None:
+            self.engines_gone_at = now
+        if (
+            self.nannies
+            and self.engines_gone_at is not None
+            and now >= self.engines_gone_at + NANNY_GRACE
+            and not self.killed
+        ):
+            # A nanny tells the controller about its engine in milliseconds;
+            # one still here is lingering (zmq LINGER, 3 s) on a controller
+            # that is gone.
+            self._signal(signal.SIGKILL, nannies=True)
+            self.killed = True
+        if not self.killed and now >= self.shutdown_at + self.grace:
+            _log(f"still running after {self.grace:g}s: {self._running()}; sending SIGKILL")
+            self._signal(signal.SIGKILL, nannies=True)
+            self.killed = True
+        if self.killed and now >= self.shutdown_at + self.grace + 10:
+            # SIGKILLed processes that still do not go are not ours to wait for.
+            _log(f"giving up on {self._running()}")
+            self.gave_up = True
 
     def _running(self) -> str:
         return f"engines {sorted(self.engines)}, nannies {sorted(self.nannies)}"
@@ -242,8 +268,8 @@ class Zygote:
                 if code:
                     _log(f"nanny {pid} of engine {key} exited with {code}")
                 continue
-            key = self.engines.pop(pid, None)
-            if key is not None:
+            if pid in self.engines:
+                key = self.engines.pop(pid)
                 _send({"event": "exited", "key": key, "pid": pid, "exit_code": code})
 
     # -- forking engines ------------------------------------------------------
@@ -324,7 +350,7 @@ class Zygote:
                 del self.nanny_socks[fd]
                 sock.close()
                 return
-            sock.setblocking(True)  # the rest of one request is already on its way
+            sock.settimeout(5)  # the rest of one request is already on its way
             (length,) = _LENGTH.unpack(data[: _LENGTH.size])
             payload = data[_LENGTH.size :]
             while len(payload) < length:
@@ -431,7 +457,7 @@ def _run_engine(argv: list[str], nanny_sock: socket.socket | None) -> int:
 
     sys.argv = [engine_main.__file__, *argv]
     if nanny_sock is not None:
-        engine_app.start_nanny = _nanny_via_zygote(nanny_sock)  # type: ignore[attr-defined]
+        engine_app.start_nanny = _nanny_via_zygote(nanny_sock)
     app = IPEngine.instance()
     # ipengine's SIGTERM handler stops the loop under run_sync, which then
     # raises "Event loop stopped before Future completed" and exits 1.  Note
