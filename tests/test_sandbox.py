@@ -158,3 +158,14 @@ def test_reaper_kills_everything_when_owner_dies(tmp_path):
     owner.send_signal(signal.SIGKILL)
     owner.wait()
     assert wait_gone(pids, timeout=10) == []
+
+
+@pytest.mark.parametrize("launcher", ["local", "fork"])
+def test_both_local_launchers(launcher):
+    """ipyparallel's own local launcher stays supported beside pgnb's fork launcher."""
+    with pgnb.Sandbox(world=2, launcher=launcher) as sb:
+        assert sb.run(_all_reduce) == [[1.0, 1.0]] * 2
+        torch_preloaded = sb.run(lambda: "torch" in __import__("sys").modules)
+        assert torch_preloaded == [True, True]
+        pids = sb.pids
+    assert wait_gone(pids) == []
