@@ -164,6 +164,8 @@ def test_reaper_kills_everything_when_owner_dies(tmp_path):
 def test_both_local_launchers(launcher):
     """ipyparallel's own local launcher stays supported beside pgnb's fork launcher."""
     with pgnb.Sandbox(world=2, launcher=launcher) as sb:
+        # started while the controller booted: the engines read its connection file themselves
+        assert sb._pool.cluster.send_engines_connection_env is False
         assert sb.run(_all_reduce) == [[1.0, 1.0]] * 2
         torch_preloaded = sb.run(lambda: "torch" in __import__("sys").modules)
         assert torch_preloaded == [True, True]

@@ -1,0 +1,260 @@
+"""``python -m benchmarks``: every row of pgnb's performance table, side by side, in one run.
+
+Each measurement runs in a fresh Python process with a fresh temporary
+IPYTHONDIR (``benchmarks/_cases.py``); pgnb and its baseline are interleaved
+round by round so background load hits both alike. Prints medians and the
+ratio of each row against its target, writes ``benchmarks/results/latest.json``
+(every sample) and ``benchmarks/results/latest.md`` (the table the README shows).
+
+    python -m benchmarks                 # the full run (~6-8 min on 2 idle cores)
+    python -m benchmarks --quick         # one sample of each, smaller loops (~2-3 min)
+    python -m benchmarks --update-readme # also replace the README's results table
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psutil
+
+from benchmarks._runner import ROOT, run_case
+
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+README = os.path.join(ROOT, "README.md")
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def plan(quick: bool) -> dict[str, Any]:
+    if quick:
+        return {"warmup": False, "rounds": 1, "rounds_w8_local": 0, "cell_repeats": 20, "reinit_cycles": 2,
+                "ar_rounds": 1, "sizes": [[1 << 20, 20, 3, 3], [1 << 24, 3, 1, 2]], "scale": 32}
+    return {"warmup": True, "rounds": 3, "rounds_w8_local": 2, "cell_repeats": 60, "reinit_cycles": 4,
+            "ar_rounds": 2, "sizes": [[1 << 20, 40, 5, 5], [1 << 24, 5, 2, 3]], "scale": 32}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def collect(p: dict[str, Any]) -> dict[str, Any]:
+    raw: dict[str, Any] = {}
+
+    def sample(key: str, case: str, **kwargs: Any) -> None:
+        r = run_case(case, **kwargs)
+        raw.setdefault(key, []).append(r)
+        shown = r.get("init", r.get("cold_init", 0.0))
+        log(f"  {key:<18} {shown:6.2f} s   (load {r['_load']:.1f}, case {r['_wall']:.1f} s)")
+
+    if p["warmup"]:  # page cache, .pyc files, the first-ever zygote: not measured
+        log("warm-up")
+        for launcher in ("fork", "local"):
+            run_case("pgnb_cold", world=4, launcher=launcher)
+    for rnd in range(p["rounds"]):
+        log(f"cold init, world 4, round {rnd + 1}/{p['rounds']}")
+        sample("w4_fork", "pgnb_cold", world=4, launcher="fork")
+        sample("w4_plain", "plain_cold", n=4)
+        sample("w4_local", "pgnb_cold", world=4, launcher="local")
+    for rnd in range(p["rounds"]):
+        log(f"cold init, world 8, round {rnd + 1}/{p['rounds']}")
+        sample("w8_fork", "pgnb_cold", world=8, launcher="fork")
+        sample("w8_plain", "plain_cold", n=8)
+        if rnd < p["rounds_w8_local"]:
+            sample("w8_local", "pgnb_cold", world=8, launcher="local")
+    log("warm rows on one world of 4: %%pg vs %%px, all_reduce vs torchrun, memory, re-init, shutdown")
+    sample("session", "session", world=4, cell_repeats=p["cell_repeats"], sizes=p["sizes"],
+           reinit_cycles=p["reinit_cycles"], rounds=p["ar_rounds"])
+    log(f"scale: world {p['scale']}")
+    sample("scale", "scale", world=p["scale"])
+    return raw
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def _med(samples: list[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(s[key] for s in samples))
+
+
+def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per measure: pgnb's figure, the baseline's, their ratio, the target and whether it is met."""
+    rows: list[dict[str, Any]] = []
+
+    def row(measure: str, pgnb: float, base: float | None, unit: str, target: str, met: bool,
+            ratio: float | None = None, note: str = "") -> None:
+        if ratio is None and base:
+            ratio = pgnb / base
+        rows.append({"measure": measure, "pgnb": pgnb, "baseline": base, "unit": unit,
+                     "ratio": ratio, "target": target, "met": met, "note": note})
+
+    s = raw["session"][0]
+    for w in (4, 8):
+        fork, plain = _med(raw[f"w{w}_fork"], "init"), _med(raw[f"w{w}_plain"], "init")
+        n = len(raw[f"w{w}_fork"])
+        row(f"cold `%pg_init --world {w}` (fork launcher) vs plain ipyparallel script", fork, plain, "s",
+            "≤ 0.25×", fork / plain <= 0.25, note=f"median of {n}")
+        if raw.get(f"w{w}_local"):
+            local = _med(raw[f"w{w}_local"], "init")
+            row(f"cold `%pg_init --world {w} --launcher local` vs plain script", local, plain, "s",
+                "(for comparison)", True, note=f"median of {len(raw[f'w{w}_local'])}")
+    cold = _med(raw["w4_fork"], "init")
+    reinit = s["reinit"]["median"]
+    row("re-init on live engines (init method / world 4→2→4), median", reinit, cold, "s",
+        "≤ 0.3 s and ≤ 0.05× cold", reinit <= 0.3 and reinit / cold <= 0.05,
+        note=f"{s['reinit']['samples']} re-inits, max {s['reinit']['max']:.3f} s; baseline: pgnb's cold init")
+    pg, px = s["cell"]["pg"]["median"], s["cell"]["px"]["median"]
+    row("`%%pg` trivial cell, world 4, vs `%%px` on the same engines", pg, px, "s", "≤ 1.25×", pg / px <= 1.25,
+        note=f"median of {s['cell']['pg']['samples']} alternating samples each")
+    for numel, label in (("1048576", "1M"), ("16777216", "16M")):
+        a, b = s["allreduce"]["pg"][numel], s["allreduce"]["torchrun"][numel]
+        gbps_pg = int(numel) * 4 / a["seconds_per_op"] / 1e9
+        gbps_tr = int(numel) * 4 / b["seconds_per_op"] / 1e9
+        row(f"all_reduce {label} float32, world 4, in `%%pg` vs torchrun (gloo), algbw", gbps_pg, gbps_tr, "GB/s",
+            "≥ 0.95×", gbps_pg / gbps_tr >= 0.95,
+            note=f"{a['seconds_per_op'] * 1e3:.1f} vs {b['seconds_per_op'] * 1e3:.1f} ms/op, median of "
+                 f"{a['blocks']} vs {b['blocks']} timed blocks")
+    stop, pstop = _med(raw["w4_fork"], "stop"), _med(raw["w4_plain"], "stop")
+    row("`%pg_shutdown`, world 4, vs ipyparallel `stop_cluster` defaults", stop, pstop, "s", "≤ 0.3×",
+        stop / pstop <= 0.3)
+    gone, pgone = _med(raw["w4_fork"], "all_exited"), _med(raw["w4_plain"], "all_exited")
+    row("… until every process has exited", gone, pgone, "s", "(for comparison)", True)
+    mem, pmem = s["memory"], _mem_median(raw["w4_plain"])
+    row("USS per engine after `import torch` + init, world 4", mem["engine_uss_mb"], pmem["engine_uss_mb"], "MB",
+        "≤ 0.5×", mem["engine_uss_mb"] / pmem["engine_uss_mb"] <= 0.5,
+        note="fork: pages shared with the zygote are not in USS")
+    row("PSS per engine", mem["engine_pss_mb"], pmem["engine_pss_mb"], "MB", "(honest share)", True)
+    row("whole world's PSS / rank (engines, nannies, zygote)", mem["world_pss_per_rank_mb"],
+        pmem["world_pss_per_rank_mb"], "MB", "(honest share)", True)
+    sc = raw["scale"][0]
+    ok = sc["allreduce_correct"] and sc["left_running"] == 0 and sc["killed"] == 0
+    row(f"scale: world {sc['world']} `%pg_init` (oversubscribed)", sc["init"], None, "s",
+        "initialises, all_reduce correct, clean shutdown", ok,
+        note=f"all_reduce correct: {sc['allreduce_correct']}; shutdown {sc['stop']:.2f} s, "
+             f"all exited {sc['all_exited']:.2f} s, left running {sc['left_running']}")
+    return rows
+
+
+def _mem_median(samples: list[dict[str, Any]]) -> dict[str, float]:
+    keys = samples[0]["memory"].keys()
+    return {k: float(statistics.median(s["memory"][k] for s in samples)) for k in keys}
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "—"
+    if unit == "s":
+        return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s"
+    if unit == "MB":
+        return f"{v:.0f} MB"
+    return f"{v:.2f} {unit}"
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], raw: dict[str, Any]) -> str:
+    lines = [
+        f"Measured {meta['date']} on {meta['cores']} cores ({meta['cpu']}), {meta['memory_gib']:.0f} GiB, "
+        f"torch {meta['torch']} (CPU), ipyparallel {meta['ipyparallel']}, Python {meta['python']}; "
+        f"`python -m benchmarks{' --quick' if meta['quick'] else ''}`, load average "
+        f"{meta['load_min']:.1f}–{meta['load_max']:.1f} during the run ({meta['duration_s'] / 60:.1f} min).",
+        "",
+        "| measure | pgnb | baseline | ratio | target | met |",
+        "|---|---:|---:|---:|---|:---:|",
+    ]
+    for r in rows:
+        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}×"
+        met = "" if r["target"].startswith("(") else ("yes" if r["met"] else "**no**")
+        measure = r["measure"] + (f" <br><sub>{r['note']}</sub>" if r["note"] else "")
+        lines.append(f"| {measure} | {_fmt(r['pgnb'], r['unit'])} | {_fmt(r['baseline'], r['unit'])} | "
+                     f"{ratio} | {r['target']} | {met} |")
+    lines += ["", "Where the cold time goes (medians, seconds from the start of the call):", "",
+              "| world | launcher | engines registered | torch imported | initialized | shutdown |",
+              "|---:|---|---:|---:|---:|---:|"]
+    for w in (4, 8):
+        for launcher in ("fork", "local"):
+            samples = raw.get(f"w{w}_{launcher}")
+            if not samples:
+                continue
+            reg = statistics.median(s["phases"].get("importing torch", float("nan")) for s in samples)
+            rdv = statistics.median(s["phases"].get("rendezvous", float("nan")) for s in samples)
+            lines.append(f"| {w} | pgnb `{launcher}` | {reg:.2f} | {rdv:.2f} | {_med(samples, 'init'):.2f} | "
+                         f"{_med(samples, 'stop'):.2f} |")
+        samples = raw[f"w{w}_plain"]
+        up = statistics.median(s["phases"]["engines_up"] for s in samples)
+        imp = statistics.median(s["phases"]["engines_up"] + s["phases"]["torch_imported"] for s in samples)
+        lines.append(f"| {w} | plain ipyparallel | {up:.2f} | {imp:.2f} | {_med(samples, 'init'):.2f} | "
+                     f"{_med(samples, 'stop'):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def machine(quick: bool) -> dict[str, Any]:
+    import ipyparallel
+    import torch
+
+    cpu = platform.processor() or ""
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    commit = ""
+    with contextlib.suppress(Exception):
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+    return {"date": datetime.date.today().isoformat(), "cores": os.cpu_count(), "cpu": cpu,
+            "memory_gib": psutil.virtual_memory().total / 2**30, "torch": torch.__version__.split("+")[0],
+            "ipyparallel": ipyparallel.__version__, "python": platform.python_version(), "quick": quick,
+            "commit": commit}
+
+
+def update_readme(table: str) -> None:
+    with open(README) as f:
+        text = f.read()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(README, "w") as f:
+        f.write(f"{head}{BEGIN}\n{table}{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one sample of each row, smaller loops")
+    parser.add_argument("--out", default=RESULTS, help="folder for latest.json and latest.md")
+    parser.add_argument("--update-readme", action="store_true", help="put the table into README.md")
+    args = parser.parse_args(argv)
+
+    p = plan(args.quick)
+    meta = machine(args.quick)
+    t0 = time.perf_counter()
+    loads = [os.getloadavg()[0]]
+    raw = collect(p)
+    loads += [r["_load"] for samples in raw.values() for r in samples] + [os.getloadavg()[0]]
+    meta.update(duration_s=time.perf_counter() - t0, load_min=min(loads), load_max=max(loads), plan=p)
+    rows = summarize(raw)
+    table = markdown(rows, meta, raw)
+    print(table)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "latest.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows, "raw": raw}, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(args.out, "latest.md"), "w") as f:
+        f.write(table)
+    if args.update_readme:
+        update_readme(table)
+    missed = [r["measure"] for r in rows if not r["met"]]
+    log(f"{len(rows) - len(missed)}/{len(rows)} rows meet their target" + (f"; missed: {missed}" if missed else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
