@@ -1,0 +1,321 @@
+"""The teaching notebooks are regression tests: strict nbval, twice, each from a fresh kernel.
+
+Each notebook in ``notebooks/`` is replayed by ``pytest --nbval`` (strict: every
+stored ``text/plain`` and stream must come back the same) with the sanitizer
+pgnb ships, in a subprocess, as a user would run it. The whole set runs twice
+in a row. A deliberately broken copy must fail, so this suite cannot pass
+silently. nbval ends every kernel with SIGKILL; the last test checks that no
+process pgnb started during these runs is still alive (pgnb's reaper must
+have cleaned up; this test only looks, it never kills).
+
+Refresh the stored outputs after changing a notebook (or pgnb's output) with
+
+    IPYTHONDIR=$(mktemp -d) .venv/bin/python tests/test_notebooks.py --refresh [01_init_process_group ...]
+
+which executes each notebook top to bottom with nbclient and saves it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = ROOT / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+RUNS = (1, 2)
+#: Seconds one notebook may take under nbval (each is meant to run in well under 2 minutes).
+NOTEBOOK_TIMEOUT = 240
+CELL_TIMEOUT = 120
+#: Every process started from these nbval runs inherits this variable, so the leak check
+#: below finds exactly this session's processes, whatever other pgnb users run meanwhile.
+RUN_VAR = "PGNB_NOTEBOOK_TEST_RUN"
+RUN_ID = uuid.uuid4().hex
+OWNER_VAR = "PGNB_OWNER"  # pgnb sets it on every process it launches (see pgnb.reaper)
+#: pgnb's reaper kills an owner's processes within 10 s of the owner's death.
+REAP_GRACE = 20.0
+
+MAGIC = re.compile(r"^\s*%%?pg", re.M)
+
+
+def sanitizer() -> Path:
+    """The sanitizer file pgnb ships, found the way users find it."""
+    from importlib.resources import files
+
+    return Path(str(files("pgnb") / "nbval_sanitize.cfg"))
+
+
+def sanitize_patterns() -> list[tuple[str, str]]:
+    from nbval.plugin import get_sanitize_patterns
+
+    return get_sanitize_patterns(sanitizer().read_text())
+
+
+def _read(path: Path):
+    import nbformat
+
+    return nbformat.read(str(path), as_version=4)
+
+
+def _outputs_text(cell) -> list[str]:
+    """What nbval compares of a cell: streams and every non-image mime string."""
+    out = []
+    for o in cell.get("outputs", []):
+        if o["output_type"] == "stream":
+            out.append(o["text"])
+        elif o["output_type"] in ("display_data", "execute_result"):
+            out.extend(v for k, v in o["data"].items() if isinstance(v, str) and not k.startswith("image/"))
+    return out
+
+
+def _environ(pid: int) -> dict[str, str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or not ours to read
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def processes_of(run_id: str | None = None) -> dict[int, tuple[str, bool]]:
+    """Live processes from nbval run ``run_id`` (or, if None, every process carrying PGNB_OWNER).
+
+    pid -> (cmdline, whether it carries PGNB_OWNER). This process and its ancestors are left out.
+    """
+    mine = {os.getpid()}
+    pid = os.getpid()
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        mine.add(pid)
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        pid = int(entry.name)
+        env = _environ(pid)
+        if env is None or _is_zombie(pid):
+            continue
+        if (env.get(RUN_VAR) == run_id) if run_id is not None else (OWNER_VAR in env):
+            found[pid] = (_cmdline(pid), OWNER_VAR in env)
+    return found
+
+
+def run_nbval(paths: list[Path], workdir: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``pytest --nbval`` on ``paths`` in a subprocess, with a fresh IPython and Jupyter runtime dir."""
+    ipython_dir = Path(tempfile.mkdtemp(prefix="ipython-", dir=workdir))
+    runtime_dir = Path(tempfile.mkdtemp(prefix="jupyter-runtime-", dir=workdir))
+    env = dict(os.environ, IPYTHONDIR=str(ipython_dir), JUPYTER_RUNTIME_DIR=str(runtime_dir), **{RUN_VAR: RUN_ID})
+    cmd = [
+        sys.executable, "-m", "pytest",
+        "-c", os.devnull, "--rootdir", str(paths[0].parent), "-p", "no:cacheprovider",
+        "--nbval", "--nbval-current-env", "--nbval-sanitize-with", str(sanitizer()),
+        "--nbval-cell-timeout", str(CELL_TIMEOUT), "-q", "-rf",
+        # a cell failing on purpose carries both the comment and the tag (for Run All); nbval notes the overlap
+        "-W", "ignore:Overlapping options from comments and metadata:UserWarning",
+        *map(str, paths),
+    ]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=paths[0].parent, env=env, capture_output=True, text=True,
+                          timeout=NOTEBOOK_TIMEOUT)
+    return proc, time.monotonic() - t0
+
+
+# ---- the notebooks themselves (no kernel) -------------------------------------------
+
+
+def test_there_are_six_lessons():
+    assert [p.stem[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06"], NOTEBOOKS
+
+
+def test_sanitizer_ships_with_pgnb_and_parses():
+    path = sanitizer()
+    assert path.is_file()
+    shown = subprocess.run([sys.executable, "-m", "pgnb", "nbval-sanitize"], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    assert Path(shown) == path
+    patterns = sanitize_patterns()
+    assert patterns, "nbval found no regex/replace pairs in the sanitizer"
+    for regex, _ in patterns:
+        re.compile(regex)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_stored_notebook_is_a_fair_test(path):
+    """Fully executed in order, ends with %pg_shutdown, and nothing pgnb shows is hidden from nbval."""
+    nb = _read(path)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), "refresh the stored outputs"
+    assert code[-1].source.strip() == "%pg_shutdown"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+    patterns = sanitize_patterns()
+    for cell in code:
+        markers = {m for m in ("NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP", "NBVAL_CHECK_OUTPUT") if m in cell.source}
+        if MAGIC.search(cell.source):
+            assert not markers, f"a pgnb magic must not need {markers}:\n{cell.source}"
+        raises = "NBVAL_RAISES_EXCEPTION" in cell.source
+        # the tag lets nbclient and JupyterLab's "Run All" go past a cell that fails on purpose
+        assert raises == ("raises-exception" in cell.metadata.get("tags", [])), cell.source
+        for text in _outputs_text(cell):
+            for regex, _ in patterns:
+                assert not re.search(regex, text), f"sanitizer pattern {regex!r} would hide {text!r}"
+
+
+# ---- replay under nbval -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("nbval")
+
+
+@pytest.fixture(scope="module")
+def pgnb_before():
+    """Processes carrying PGNB_OWNER before these runs (other people's; only looked at, never touched)."""
+    return processes_of()
+
+
+@pytest.mark.notebooks
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "run, path",
+    [(run, path) for run in RUNS for path in NOTEBOOKS],
+    ids=[f"run{run}-{path.stem}" for run in RUNS for path in NOTEBOOKS],
+)
+def test_notebook_replays_under_strict_nbval(run, path, workdir, pgnb_before):
+    proc, seconds = run_nbval([path], workdir)
+    print(f"{path.name} run {run}: {seconds:.1f} s")
+    assert proc.returncode == 0, (
+        f"nbval failed on {path.name} (run {run}):\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}")
+    assert re.search(r"\b\d+ passed\b", proc.stdout) and "failed" not in proc.stdout.splitlines()[-1]
+    assert seconds < NOTEBOOK_TIMEOUT
+
+
+@pytest.mark.notebooks
+@pytest.mark.integration
+def test_a_changed_expected_output_fails(workdir, pgnb_before):
+    """nbval on a copy of 01 whose stored output was edited must fail, on exactly that cell.
+
+    The copy also stops before ``%pg_shutdown``: nbval then SIGKILLs a kernel whose
+    world is still running, and the leak check below proves pgnb cleaned up after it.
+    """
+    nb = _read(NOTEBOOK_DIR / "01_init_process_group.ipynb")
+    target = next(i for i, c in enumerate(nb.cells)
+                  if c.cell_type == "code" and "World size: {dist.get_world_size()}" in c.source)
+    outputs = nb.cells[target].outputs
+    changed = 0
+    for o in outputs:
+        if o["output_type"] == "stream" and "World size: 2" in o["text"]:
+            o["text"] = o["text"].replace("World size: 2", "World size: 3")
+            changed += 1
+    assert changed, "the cell to break has no 'World size: 2' output; update this test"
+    nb.cells = nb.cells[: target + 1]
+    broken = workdir / "broken_copy.ipynb"
+    import nbformat
+
+    nbformat.write(nb, str(broken))
+    proc, _ = run_nbval([broken], workdir)
+    assert proc.returncode == 1, proc.stdout[-4000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert re.search(r"\b1 failed\b", last), proc.stdout[-4000:]
+    assert "Cell outputs differ" in proc.stdout
+    assert "World size: 3" in proc.stdout  # nbval shows the expected text it did not get
+
+
+@pytest.mark.notebooks
+@pytest.mark.integration
+def test_no_process_left_behind(pgnb_before):
+    """After nbval SIGKILLed every kernel: nothing started from these runs is alive.
+
+    Every process started from these nbval runs (kernel, pgnb's reaper, ipyparallel's
+    controller, engines and nannies) inherited RUN_VAR; pgnb's own processes also carry
+    PGNB_OWNER. Processes that carried PGNB_OWNER before the runs belong to someone else.
+    """
+    deadline = time.monotonic() + REAP_GRACE
+    left = processes_of(RUN_ID)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = processes_of(RUN_ID)
+    assert not set(left) & set(pgnb_before)  # cannot happen: they predate RUN_ID
+    assert not left, "processes outlived their nbval kernels (pid, PGNB_OWNER?, command):\n" + "\n".join(
+        f"{pid} {'pgnb' if owned else '-'} {cmd[:200]}" for pid, (cmd, owned) in sorted(left.items()))
+
+
+# ---- refreshing the stored outputs ------------------------------------------------------
+
+
+def refresh(paths: list[Path]) -> None:
+    """Execute each notebook top to bottom in a fresh kernel (this Python) and save it."""
+    import nbformat
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    for path in paths:
+        nb = _read(path)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
+                cell.metadata.pop("execution", None)
+        nb.metadata.pop("widgets", None)
+        km = KernelManager(kernel_name="python3")
+        km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, store_widget_state=False,
+                                resources={"metadata": {"path": str(path.parent)}})
+        t0 = time.monotonic()
+        try:
+            client.execute()
+        finally:
+            if km.has_kernel:  # given a kernel manager, nbclient leaves its kernel running
+                km.shutdown_kernel(now=False)
+        nbformat.write(nb, str(path))
+        print(f"{path.name}: {time.monotonic() - t0:.1f} s")
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] != "--refresh":
+        print(__doc__)
+        return 2
+    names = argv[1:]
+    chosen = [p for p in NOTEBOOKS if not names or p.stem in names or p.name in names]
+    made = None
+    if not os.environ.get("IPYTHONDIR"):  # never the user's own profile
+        os.environ["IPYTHONDIR"] = made = tempfile.mkdtemp(prefix="pgnb-refresh-ipython-")
+    try:
+        refresh(chosen)
+    finally:
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
