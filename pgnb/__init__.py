@@ -21,6 +21,7 @@ from .errors import (
     SpecError,
 )
 from .sandbox import RankStatus, Sandbox, current
+from .show import show
 from .spec import WorldSpec
 
 __version__ = "0.1.0"
@@ -40,6 +41,7 @@ __all__ = [
     "SpecError",
     "WorldSpec",
     "current",
+    "show",
     "load_ipython_extension",
 ]
 

@@ -157,7 +157,6 @@ def init_rank(plan: dict[str, Any]) -> dict[str, Any]:
     else:
         kwargs["init_method"] = plan["init_method"]
     dist.init_process_group(**kwargs)
-    _STATE["store"] = kwargs.get("store")
     _STATE["device"] = device
     _STATE["init_seconds"] = time.monotonic() - t0
     _publish_names(torch, dist, device)
@@ -219,7 +218,6 @@ def destroy() -> bool:
     if dist is not None and dist.is_initialized():
         dist.destroy_process_group()
         destroyed = True
-    _STATE.pop("store", None)
     close_store_socket()
     return destroyed
 
@@ -262,7 +260,7 @@ def enable_stack_dumps(stack_dir: str | None) -> str | None:
 
 
 def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
-             want_value: bool = True) -> dict[str, Any]:
+             want_value: bool = True, trace: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run a notebook cell in this rank's IPython namespace, as ``%%pg`` does.
 
     Runs through ``shell.run_cell`` (so magics, ``display()`` and the
@@ -270,6 +268,8 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     a failing cell is reported in the return value, so the engine never
     aborts the requests queued behind it (``TaskAborted``). ``label`` is the
     notebook's cell number, so tracebacks say ``Cell In[label]`` on every run.
+    ``trace`` (``%%pg --trace``): the arguments of ``_tracer.start``; the
+    torch.distributed calls are recorded while the cell runs, and only then.
     """
     enable_stack_dumps(stack_dir)
     from IPython import get_ipython
@@ -278,8 +278,13 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     error: dict[str, Any] = {}
 
     def grab(etype: Any, evalue: Any, stb: list[str]) -> None:
-        error.update(ename=getattr(etype, "__name__", str(etype)), evalue=str(evalue), traceback=list(stb))
+        error.update(ename=getattr(etype, "__name__", str(etype)), evalue=clean_message(str(evalue)),
+                     traceback=plain_traceback(evalue, shell))
 
+    if trace is not None:
+        from . import _tracer
+
+        _tracer.start(**trace)
     saved_count = shell.execution_count
     shadowed = shell.__dict__.get("_showtraceback")
     shell._showtraceback = grab  # the formatted traceback comes back in the reply, not on iopub
@@ -288,6 +293,8 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     try:
         res = shell.run_cell(code, store_history=False, silent=False)
     finally:
+        if trace is not None:
+            _tracer.stop()
         if shadowed is None:
             del shell._showtraceback
         else:
@@ -303,6 +310,56 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     if want_value and res.result is not None:
         out["value"] = pack_value(res.result)
     return out
+
+
+def clean_message(text: str) -> str:
+    """An error message without what differs between runs and machines.
+
+    torch prefixes C++ errors with a source location (``[/__w/pytorch/.../pair.cc:553]``)
+    and names peers by address and port (``[127.0.0.1]:24230``).
+    """
+    import re
+
+    text = re.sub(r"\[[^\]\s]*\.(?:cpp|cc|h|hpp):\d+\]\s*", "", text)
+    return re.sub(r"\[?\b\d{1,3}(?:\.\d{1,3}){3}\]?:\d+", "<peer>", text)
+
+
+def plain_traceback(exc: BaseException, shell: Any) -> list[str]:
+    """The traceback trimmed to the user's code, the same text on every run and machine.
+
+    Cell frames show their line and source; library frames show only where
+    (no line numbers, no absolute paths: they differ between installs).
+    IPython's own frames above the cell are dropped.
+    """
+    import traceback
+
+    cells = set(getattr(getattr(shell, "compile", None), "_filename_map", {}) or {})
+    frames = traceback.extract_tb(exc.__traceback__)
+    first = next((i for i, f in enumerate(frames) if f.filename in cells), 0)
+    lines = ["Traceback (most recent call last):"] if frames[first:] else []
+    for f in frames[first:]:
+        if f.filename in cells:
+            lines.append(f"  Cell, line {f.lineno}, in {f.name}")
+            if f.line:
+                lines.append(f"    {f.line.strip()}")
+        else:
+            lines.append(f"  {_short_path(f.filename)}, in {f.name}")
+    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    lines.append(clean_message(last))
+    return lines
+
+
+def _short_path(filename: str) -> str:
+    if "site-packages/" in filename:
+        return filename.split("site-packages/", 1)[1]
+    if "/ipykernel_" in filename:
+        return "a kernel cell"  # a function defined in the notebook and sent to the ranks
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    if filename.startswith(stdlib + "/"):
+        return filename[len(stdlib) + 1:]
+    return os.path.basename(filename)
 
 
 def pack_value(value: Any) -> tuple[str, Any]:

@@ -52,6 +52,7 @@ STACK_FRAMES = 12
 _SYNTAX_ERRORS = ("SyntaxError", "IndentationError", "TabError")
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _CELL_FILE = re.compile(r"(^<ipython-input-)|(/ipykernel_\d+/\d+\.py$)")
+_TRACER_FILE = os.path.join("pgnb", "_tracer.py")
 
 
 class CellInterrupted(KeyboardInterrupt):
@@ -109,6 +110,7 @@ class CellResult:
     recover: str = "%pg_init ... --force"
     timeout: float | None = None
     interrupted: bool = False
+    trace: Any = None  # a pgnb.trace.Trace when the cell ran with --trace
 
     @property
     def failed(self) -> list[RankOutput]:
@@ -190,7 +192,11 @@ class CellResult:
         parts = []
         if self.interrupted:
             parts.append("interrupted" + (f": {_ranks_n(stopped)} stopped" if stopped else ""))
-        if errors:
+        if errors and lost:
+            # a peer died mid-collective: the survivors' gloo errors are its echo, worded by timing
+            parts.append(f"{_ranks(errors)} failed ({', '.join(sorted({r.ename for r in errors}))}) "
+                         "because a peer was lost")
+        elif errors:
             if len({(r.ename, r.evalue) for r in errors}) == 1:
                 parts.append(f"{_ranks(errors)} raised {_one_line(errors[0])}")
             else:
@@ -336,7 +342,8 @@ def check_idle(sb: Sandbox, ranks: list[int] | None) -> None:
     current = dict(pairs)
     for r in list(state.busy):
         eid, ar = state.busy[r]
-        if eid not in sb.engine_ids or ar.ready():
+        # after `%pg_init --force` the new engines reuse the ids; the old client's task never ends
+        if eid not in sb.engine_ids or ar.ready() or getattr(ar, "_client", sb.client) is not sb.client:
             del state.busy[r]
     stuck = sorted(r for r in state.busy if r in current and state.busy[r][0] == current[r])
     if stuck:
@@ -349,16 +356,22 @@ def check_idle(sb: Sandbox, ranks: list[int] | None) -> None:
 
 # ---- running a cell -------------------------------------------------------
 def run_cell(sb: Sandbox, code: str, ranks: list[int] | None = None, timeout: float | None = None,
-             label: int | None = None) -> CellResult:
+             label: int | None = None, trace: bool = False) -> CellResult:
     """Run ``code`` on the ranks at once; wait until all finish (or ``timeout``); gather in rank order.
 
     ``label`` is the notebook cell number tracebacks show (``Cell In[label]``).
     A ``KeyboardInterrupt`` while waiting interrupts the ranks and raises
-    ``CellInterrupted`` carrying the result.
+    ``CellInterrupted`` carrying the result. ``trace``: record the ranks'
+    torch.distributed calls (``pgnb.trace``) into ``result.trace``.
     """
     check_idle(sb, ranks)
     pairs = sb.ranks_to_engines(ranks)
     state = _cells(sb)
+    recording = None
+    if trace:
+        from .trace import Recording
+
+        recording = Recording(sb, [r for r, _ in pairs], state.stack_dir.path)
     client = sb.client
     ars: list[tuple[int, Any]] = []
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -366,8 +379,12 @@ def run_cell(sb: Sandbox, code: str, ranks: list[int] | None = None, timeout: fl
     lost: dict[int, str] = {}
     try:
         for r, e in pairs:  # an interrupt even while submitting reaches the ranks already started
-            ars.append((r, client[e].apply_async(_engine.run_cell, code, label, state.stack_dir.path)))
-        _wait(ars, deadline)
+            if recording is None:
+                ars.append((r, client[e].apply_async(_engine.run_cell, code, label, state.stack_dir.path)))
+            else:
+                ars.append((r, client[e].apply_async(_engine.run_cell, code, label, state.stack_dir.path,
+                                                     trace=recording.engine_args(r))))
+        lost = sb.wait_ranks(ars, deadline)  # also stops soon after a rank's engine dies
     except KeyboardInterrupt:
         interrupted = True
         _interrupt(sb, [(r, ar) for r, ar in ars if not ar.ready()])
@@ -381,6 +398,8 @@ def run_cell(sb: Sandbox, code: str, ranks: list[int] | None = None, timeout: fl
             row.state, row.ename, row.evalue, row.traceback = "lost", "EngineError", lost[row.rank], []
     result = CellResult(rows, world=sb.spec.world, recover=init_command(sb.spec), timeout=timeout,
                         interrupted=interrupted)
+    if recording is not None:
+        result.trace = recording.collect([r for r, ar in ars if not ar.ready()])
     if interrupted:
         raise CellInterrupted(result)
     return result
@@ -485,7 +504,8 @@ def trim_stack(dump: str, code: str = "") -> tuple[list[str], str]:
                     if fn == "run_code" and f.endswith(os.path.join("IPython", "core", "interactiveshell.py"))), None)
         if not cut:
             continue
-        mine = frames[:cut][:STACK_FRAMES]  # innermost first
+        # innermost first; pgnb's own trace wrapper (%%pg --trace) is not where the user is blocked
+        mine = [f for f in frames[:cut] if not f[0].endswith(_TRACER_FILE)][:STACK_FRAMES]
         cell_file = frames[cut - 1][0]
         lines = []
         for f, ln, fn in reversed(mine):
@@ -542,8 +562,8 @@ def _collect(rank: int, ar: Any, stack: tuple[list[str], str, str] | None) -> Ra
     try:
         reply = ar.get(timeout=0)
     except Exception as e:  # the apply itself failed: engine died, or interrupted outside the cell
-        if type(e).__name__ == "EngineError":
-            out.state, out.ename, out.evalue = "lost", "EngineError", str(e)
+        if str(getattr(e, "ename", None) or type(e).__name__) == "EngineError":  # RemoteError wraps it
+            out.state, out.ename, out.evalue = "lost", "EngineError", "engine died"
             return out
         out.state = "failed"
         out.ename = str(getattr(e, "ename", type(e).__name__))

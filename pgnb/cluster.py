@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from .errors import EngineStartError, SpecError
-from .reaper import OWNER_ENV, Reaper, kill_all
+from .reaper import OWNER_ENV, Reaper, cluster_files, kill_all, sweep, write_state
 from .rendezvous import EngineInfo
 
 #: How often the controller pings engines (ms). ipyparallel's 3 s default
@@ -32,6 +32,87 @@ ENGINE_START_TIMEOUT = 120.0
 LOCAL_LAUNCHERS = ("local", "pgnb.fork")
 
 _log = logging.getLogger("pgnb")
+# ipyparallel's Cluster logs from its own threads (engine output, "engine set stopped {...}"),
+# which in a kernel lands in the notebook's stdout; pgnb reports outcomes itself.
+_ipp_log = logging.getLogger("pgnb.ipyparallel")
+_ipp_log.addHandler(logging.NullHandler())
+_ipp_log.propagate = False
+
+#: engine pid -> exit status (negative: the signal that killed it), as ipyparallel's local launcher reaped it
+_EXIT_STATUS: dict[int, int] = {}
+_EXIT_STATUS_KEEP = 256
+_local_engine_set: type | None = None
+
+
+def exit_status(pid: int) -> int | None:
+    """How a local engine ended, once its launcher has reaped it (None: not known / still running)."""
+    return _EXIT_STATUS.get(pid)
+
+
+def _record_exit(pid: int, status: int) -> None:
+    while len(_EXIT_STATUS) >= _EXIT_STATUS_KEEP:
+        _EXIT_STATUS.pop(next(iter(_EXIT_STATUS)))
+    _EXIT_STATUS[pid] = status
+
+
+def local_engine_set() -> type:
+    """ipyparallel's ``local`` engine-set launcher, unchanged except that it remembers exit statuses.
+
+    Its wait thread reaps each engine (the kernel is the engines' parent); the
+    status it gets is otherwise only delivered through the launcher's event
+    loop, which does not run between cells. pgnb reports it as the cause when
+    a rank is lost ("killed by SIGSEGV").
+    """
+    global _local_engine_set
+    if _local_engine_set is None:
+        import psutil
+        from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
+
+        class _Reaped(psutil.Process):  # type: ignore[misc]
+            def wait(self, timeout: float | None = None) -> Any:
+                status = super().wait(timeout)
+                if status is not None:
+                    _record_exit(self.pid, int(status))
+                return status
+
+        class _Engine(LocalEngineLauncher):  # type: ignore[misc]
+            def _wait(self) -> None:
+                with contextlib.suppress(Exception):  # no process, or an ipyparallel without it: no cause
+                    self.process = _Reaped(self.pid)
+                super()._wait()
+
+        class _EngineSet(LocalEngineSetLauncher):  # type: ignore[misc]
+            entrypoint_name = "local"  # what the cluster file and `ipcluster` call it
+            launcher_class = _Engine
+
+        _local_engine_set = _EngineSet
+    return _local_engine_set
+
+
+def _stop_sync_thread(cluster: Any) -> None:
+    """Stop the event-loop thread ipyparallel started for this Cluster's ``*_sync`` calls.
+
+    Called from a running event loop (a Jupyter kernel), ipyparallel runs them
+    on a thread and loop of the Cluster's own and never stops it: without this
+    every ``%pg_init --force`` would leave a thread and three fds in the kernel.
+    """
+    loop, thread = getattr(cluster, "_thread_loop", None), getattr(cluster, "_async_thread", None)
+    if loop is None or thread is None:
+        return
+    with contextlib.suppress(Exception):
+        loop.add_callback(loop.stop)
+        thread.join(timeout=5)
+        if not thread.is_alive():
+            loop.close()
+            cluster._async_thread = None
+
+
+def _private_file(path: str) -> None:
+    """Create ``path`` empty and 0600 if missing (a writer that opens it later keeps the mode)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    os.chmod(path, 0o600)
 
 
 def _preload_serializer() -> None:
@@ -71,6 +152,7 @@ class EnginePool:
         self._profile = profile
         self._cluster_id = cluster_id
         self._profile_dir = profile_dir
+        self.state_file: str | None = None
 
     # ---- start / attach -------------------------------------------------
     def connect(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
@@ -114,11 +196,12 @@ class EnginePool:
             cfg.EngineLauncher.engine_args.append(f"--IPEngine.wait_for_url_file={ENGINE_START_TIMEOUT:g}")
         cfg.MPILauncher.mpi_args = ["--oversubscribe"] if self.launcher == "mpi" else []
         kwargs: dict[str, Any] = dict(
-            engines=self.launcher,
+            engines=local_engine_set() if self.launcher == "local" else self.launcher,
             delay=0,
             controller_ip="127.0.0.1",
             controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN"],
             log_level=logging.WARNING,
+            log=_ipp_log,
             shutdown_atexit=False,  # pgnb stops its cluster itself, all engines at once
             send_engines_connection_env=not early,  # True would wait for the controller's files first
             config=cfg,
@@ -129,6 +212,7 @@ class EnginePool:
             self.cluster = self._ipp.Cluster(**kwargs)
         except Exception as e:  # traitlets rejects an unknown launcher name here
             raise SpecError(f"ipyparallel has no engine launcher {self.launcher!r}: {e}") from None
+        self._claim_files()
         with _quiet():
             self.cluster.start_controller_sync()
         self._own_controller()
@@ -141,6 +225,27 @@ class EnginePool:
             preload.join()  # before any apply: both would fill ipyparallel's canning map
         with _quiet():
             self.client = self.cluster.connect_client_sync()
+
+    def _claim_files(self) -> None:
+        """Before the controller writes anything: sweep up after dead owners, then mark this cluster as ours.
+
+        The state file lets a later pgnb (or this world's reaper) prove these
+        files are pgnb's; the cluster file is made 0600 before ipyparallel
+        writes into it (it would be 0644; the connection files are 0600 already).
+        """
+        profile_dir = str(self.cluster.profile_dir)
+        try:
+            removed = sweep(profile_dir)
+        except Exception as e:  # never let cleanup of someone's leftovers block a start
+            _log.debug("sweep of %s: %s", profile_dir, e)
+            removed = []
+        if removed:
+            _log.info("pgnb removed %d leftover file(s) of a dead kernel's cluster", len(removed))
+        if self.reaper is None:
+            return
+        self.state_file = write_state(profile_dir, str(self.cluster.cluster_id), self.reaper.token)
+        self.reaper.own_cluster(self.state_file)
+        _private_file(str(self.cluster.cluster_file))
 
     def _own_controller(self) -> None:
         proc = getattr(self.cluster.controller, "process", None)
@@ -193,6 +298,18 @@ class EnginePool:
             )
 
     # ---- facts about engines -----------------------------------------
+    def exit_status(self, pid: int) -> int | None:
+        """How engine ``pid`` ended, if its launcher knows (any thread: no Client, no event loop)."""
+        status = exit_status(pid)
+        if status is None and self.cluster is not None:
+            with contextlib.suppress(Exception):  # the engine sets may change under us
+                for engine_set in list(self.cluster.engines.values()):
+                    known = getattr(engine_set, "exit_status", None)  # pgnb.fork's launcher has one
+                    status = known(pid) if callable(known) else None
+                    if status is not None:
+                        break
+        return status
+
     def ids(self) -> list[int]:
         return sorted(self.client.ids)
 
@@ -268,4 +385,10 @@ class EnginePool:
             except Exception as e:  # already-dead launchers: nothing left to stop
                 _log.debug("stop_cluster: %s", e)
             self.cluster.remove_cluster_file()
+        _stop_sync_thread(self.cluster)
+        if self.state_file is not None:  # what ipyparallel leaves (the hub's engine state); logs stay for debugging
+            for path in cluster_files(str(self.cluster.profile_dir), str(self.cluster.cluster_id), logs=False):
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+            self.state_file = None
         self.cluster = None

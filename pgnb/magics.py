@@ -31,14 +31,20 @@ class PgMagics(Magics):
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
-        self._views: deque[StatusView] = deque()
+        self._views: deque[tuple[StatusView, Any]] = deque()
 
     def _show_view(self, sb: Sandbox, live: bool, spec: WorldSpec | None = None) -> StatusView:
         view = StatusView(sb, live=live, spec=spec)
-        self._views.append(view)
+        handle = display(view, display_id=True)
+        self._views.append((view, handle))
         while len(self._views) > LIVE_VIEWS:
-            self._views.popleft().detach()
-        display(view)
+            # an old view becomes the static report of what it last showed, and its widgets are
+            # closed: ipywidgets would otherwise keep ~30 widgets per view for the kernel's life
+            old, old_handle = self._views.popleft()
+            old.detach()
+            if old_handle is not None:
+                old_handle.update(WorldReport(old.shown))
+            old.close()
         return view
 
     @staticmethod
@@ -59,8 +65,9 @@ class PgMagics(Magics):
     @argument("--timeout", default="60",
               help="seconds; passed to torch and enforced by pgnb itself (default 60)")
     @argument("--group-name", default="", help="passed to init_process_group (shown in the view)")
-    @argument("--launcher", default="local",
-              help="ipyparallel engine launcher: local, fork, mpi, slurm, ssh, ... (default local)")
+    @argument("--launcher", default="fork",
+              help="ipyparallel engine launcher: fork (pgnb's: engines forked from one process that "
+              "imported torch once), local, mpi, slurm, ssh, ... (default fork)")
     @argument("--profile", default=None, help="attach to the ipyparallel cluster of this IPython profile")
     @argument("--cluster-id", default=None, help="attach to the ipyparallel cluster with this id")
     @argument("--threads", default=None, help="torch intra-op threads per rank (default cores // world)")
@@ -70,7 +77,7 @@ class PgMagics(Magics):
     @argument("--force", action="store_true", help="tear down whatever exists and start over")
     def pg_init(self, line: str) -> None:
         """Start or reuse engines and initialise the default process group on every rank."""
-        args = parse_argstring(self.pg_init, line)
+        args = _parse(self.pg_init, line)
         try:
             spec = WorldSpec.validate(
                 backend=args.backend, world=args.world, init_method=args.init_method, timeout=args.timeout,
@@ -81,9 +88,9 @@ class PgMagics(Magics):
         except PgnbError as e:
             raise UsageError(str(e)) from None
         sb = current()
-        if sb is not None and not args.force and spec == sb.spec and sb.is_initialized:
-            sb.status()  # the no-op still shows what the ranks say now
-            self._show_view(sb, live=False)
+        if (sb is not None and not args.force and spec == sb.spec and sb.is_initialized
+                and all(r.state == "initialized" for r in sb.status())):
+            self._show_view(sb, live=False)  # a no-op shows what the ranks say now
             return
         if sb is None:
             sb = Sandbox(spec=spec)
@@ -106,6 +113,9 @@ class PgMagics(Magics):
               help="first copy these notebook variables to the ranks, e.g. --push x,lr")
     @argument("--out", "-o", default=None, metavar="NAME",
               help="also store the per-rank values of the last expression (like _pg) in this variable")
+    @argument("--trace", action="store_true",
+              help="record every torch.distributed call on every rank: show the calls, who waited for whom, "
+                   "mismatches, and a timeline (also after --timeout); the trace is kept in _pg_trace")
     def pg(self, line: str, cell: str) -> None:
         """Run the cell on every rank (or --ranks) at once; output grouped by rank, in rank order.
 
@@ -128,7 +138,7 @@ class PgMagics(Magics):
         """
         from .cells import CellInterrupted
 
-        args = parse_argstring(self.pg, line)
+        args = _parse(self.pg, line)
         sb = self._world()
         try:
             ranks = parse_ranks(args.ranks, sb.spec.world)
@@ -145,12 +155,21 @@ class PgMagics(Magics):
         try:
             if push:
                 sb.push({n: self.shell.user_ns[n] for n in push}, ranks=ranks)
-            result = sb.execute(cell, ranks=ranks, timeout=timeout, label=self.shell.execution_count)
+            if args.trace:
+                from .trace import execute as traced_execute
+
+                result = traced_execute(sb, cell, ranks=ranks, timeout=timeout, label=self.shell.execution_count)
+            else:
+                result = sb.execute(cell, ranks=ranks, timeout=timeout, label=self.shell.execution_count)
         except CellInterrupted as e:
             result = e.result
         except PgnbError as e:
             raise UsageError(str(e)) from None
         render_cell_result(result)
+        if result.trace is not None:
+            self.shell.user_ns["_pg_trace"] = result.trace
+            display(result.trace)
+            display(result.trace.timeline())
         values = result.values
         self.shell.user_ns["_pg"] = values
         if out_name:
@@ -159,17 +178,58 @@ class PgMagics(Magics):
         if err is not None:
             raise UsageError(str(err))
 
+    # ---- %pg_show / %pg_kill ------------------------------------------------
+    @line_magic
+    @magic_arguments()
+    @argument("name", help="the variable on the ranks, e.g. t")
+    @argument("--ranks", "-r", default=None, help="which ranks: 0 | 0,2 | 1-3 (default all)")
+    def pg_show(self, line: str) -> None:
+        """Show a variable of every rank in one view: tensors as a rank × element grid
+        coloured by value, scalars and strings as a column; differing shapes or dtypes are marked."""
+        from .show import gather
+
+        args = _parse(self.pg_show, line)
+        sb = self._world()
+        try:
+            ranks = parse_ranks(args.ranks, sb.spec.world)
+            view = gather(args.name, ranks=ranks, sandbox=sb)
+        except (ValueError, PgnbError) as e:  # bad --ranks, a name that is no name, no world
+            raise UsageError(str(e)) from None
+        display(view)
+
+    @line_magic
+    @magic_arguments()
+    @argument("rank", help="the rank whose engine to kill")
+    def pg_kill(self, line: str) -> None:
+        """Kill a rank's engine (SIGKILL), as a crash would: for lessons in failure.
+
+        pgnb then reports the rank lost; `%pg_init ... --force` restarts the world."""
+        from .lessons import kill_rank
+
+        args = _parse(self.pg_kill, line)
+        sb = self._world()
+        if not (args.rank.isascii() and args.rank.isdigit()):
+            raise UsageError(f"%pg_kill takes one rank number, e.g. %pg_kill 1, not {args.rank!r}")
+        try:
+            print(kill_rank(sb, int(args.rank)))
+        except PgnbError as e:
+            raise UsageError(str(e)) from None
+
     # ---- %pg_status / %pg_destroy / %pg_shutdown ----------------------------
     @line_magic
+    @magic_arguments()
     def pg_status(self, line: str) -> None:
         """Display a fresh status view (asks every rank)."""
+        _parse(self.pg_status, line)  # no options: a typo is refused, not ignored
         sb = self._world()
         sb.status()
         self._show_view(sb, live=False)
 
     @line_magic
+    @magic_arguments()
     def pg_destroy(self, line: str) -> None:
         """destroy_process_group() on every rank; the engines stay for a fast re-init."""
+        _parse(self.pg_destroy, line)
         sb = self._world()
         try:
             sb.destroy()
@@ -178,13 +238,23 @@ class PgMagics(Magics):
         display(WorldReport(sb.snapshot()))
 
     @line_magic
+    @magic_arguments()
     def pg_shutdown(self, line: str) -> None:
         """Destroy the group, then stop the engines and the controller."""
+        _parse(self.pg_shutdown, line)
         sb = current()
         if sb is None:
             return  # nothing to stop; shutting down twice is fine
         sb.shutdown()
         display(WorldReport(sb.snapshot()))
+
+
+def _parse(magic: Any, line: str) -> Any:
+    """``parse_argstring``, with a line that cannot be split (an open quote) a one-line UsageError too."""
+    try:
+        return parse_argstring(magic, line)
+    except ValueError as e:  # shlex: "No closing quotation"; argparse errors are UsageErrors already
+        raise UsageError(f"cannot read the options {line.strip()!r}: {e}") from None
 
 
 def _positive_seconds(text: str) -> float:

@@ -11,10 +11,20 @@ processes and removes pgnb's files, then exits.
 What it owns is proven, never guessed by name: pids recorded with their
 start times, and processes whose environment carries this world's
 ``PGNB_OWNER`` token (set by pgnb on everything it launches).
+
+If the reaper dies too (the whole process group was SIGKILLed, the machine
+ran out of memory), the next ``%pg_init`` sweeps up after it: every cluster
+pgnb starts gets a state file next to ipyparallel's cluster file
+(``security/pgnb-<cluster_id>.json``, 0600) naming its owner (pid and start
+time) and token. A state file whose owner is dead proves that the
+processes carrying its token and the files named after its cluster id are
+leftovers of pgnb's; nothing else is touched.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import select
 import shutil
@@ -22,9 +32,10 @@ import signal
 import subprocess
 import sys
 import time
-from typing import IO
+from typing import IO, Any
 
 OWNER_ENV = "PGNB_OWNER"
+STATE_PREFIX = "pgnb-"
 
 
 class Reaper:
@@ -67,6 +78,10 @@ class Reaper:
 
     def own_path(self, path: str) -> None:
         self._send(f"path {path}")
+
+    def own_cluster(self, state_path: str) -> None:
+        """Remove this cluster's files (see ``cluster_files``) after killing its processes."""
+        self._send(f"cluster {state_path}")
 
     def release(self) -> None:
         """The owner cleaned up itself: the reaper exits without killing anything."""
@@ -132,6 +147,95 @@ def kill_all(pids: list[int], grace: float = 1.0) -> None:
     psutil.wait_procs(alive, timeout=grace)
 
 
+# ------------------------------------------------------------ state files
+def state_path(profile_dir: str, cluster_id: str) -> str:
+    return os.path.join(profile_dir, "security", f"{STATE_PREFIX}{cluster_id}.json")
+
+
+def write_state(profile_dir: str, cluster_id: str, token: str) -> str:
+    """Record that this process owns cluster ``cluster_id`` (a 0600 file next to its cluster file)."""
+    import psutil
+
+    path = state_path(profile_dir, cluster_id)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    me = psutil.Process()
+    state = {"cluster_id": cluster_id, "profile_dir": profile_dir, "token": token,
+             "owner_pid": me.pid, "owner_started": me.create_time()}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(state, f)
+    return path
+
+
+def read_state(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    keys = ("cluster_id", "profile_dir", "token", "owner_pid", "owner_started")
+    return state if isinstance(state, dict) and all(k in state for k in keys) else None
+
+
+def cluster_files(profile_dir: str, cluster_id: str, logs: bool = True) -> list[str]:
+    """The files ipyparallel writes for one cluster id (and pgnb's state file) that exist."""
+    sec, log = os.path.join(profile_dir, "security"), os.path.join(profile_dir, "log")
+    found = [
+        os.path.join(sec, f"cluster-{cluster_id}.json"),
+        os.path.join(sec, f"ipcontroller-{cluster_id}-client.json"),
+        os.path.join(sec, f"ipcontroller-{cluster_id}-engine.json"),
+        os.path.join(log, f"engines{cluster_id}.json"),  # the hub's engine state
+        state_path(profile_dir, cluster_id),
+    ]
+    if logs:
+        cid = glob.escape(cluster_id)
+        found += glob.glob(os.path.join(glob.escape(log), f"ipcontroller-{cid}-*.log"))
+        found += glob.glob(os.path.join(glob.escape(log), f"ipengine-{cid}-*.log"))
+    return [p for p in found if os.path.lexists(p)]
+
+
+def remove_cluster_files(state_file: str) -> list[str]:
+    """Remove the files of the cluster a state file describes; the removed paths."""
+    state = read_state(state_file)
+    if state is None:
+        return []
+    removed = []
+    for path in cluster_files(str(state["profile_dir"]), str(state["cluster_id"])):
+        try:
+            os.remove(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def _process_alive(pid: int, started: float) -> bool:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return bool(abs(p.create_time() - started) < 0.01 and p.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def sweep(profile_dir: str) -> list[str]:
+    """Clean up after pgnb owners that died uncleanly: kill their processes, remove their files.
+
+    Only clusters with a pgnb state file whose owner process is gone are
+    touched; the removed paths are returned.
+    """
+    removed: list[str] = []
+    pattern = os.path.join(glob.escape(os.path.join(profile_dir, "security")), f"{STATE_PREFIX}*.json")
+    for path in glob.glob(pattern):
+        state = read_state(path)
+        if state is None or _process_alive(int(state["owner_pid"]), float(state["owner_started"])):
+            continue
+        kill_all(owned_by_token(str(state["token"])))
+        removed += remove_cluster_files(path)
+    return removed
+
+
 def _owner_alive(owner_pid: int) -> bool:
     try:
         os.kill(owner_pid, 0)
@@ -142,38 +246,41 @@ def _owner_alive(owner_pid: int) -> bool:
     return True
 
 
-def _watch(owner_pid: int, stdin: IO[str]) -> tuple[bool, dict[int, float], list[str]]:
+def _watch(owner_pid: int, stdin: IO[str]) -> tuple[bool, dict[int, float], list[str], list[str]]:
     """Read the owner's messages until release (True) or its death (False)."""
     pids: dict[int, float] = {}
     paths: list[str] = []
+    clusters: list[str] = []
     buf = ""
     fd = stdin.fileno()
     while True:
         ready, _, _ = select.select([fd], [], [], 0.5)
         if not ready:
             if not _owner_alive(owner_pid):
-                return False, pids, paths
+                return False, pids, paths, clusters
             continue
         chunk = os.read(fd, 65536).decode()
         if not chunk:
-            return False, pids, paths
+            return False, pids, paths, clusters
         buf += chunk
         while "\n" in buf:
             line, buf = buf.split("\n", 1)
             kind, _, rest = line.partition(" ")
             if kind == "release":
-                return True, pids, paths
+                return True, pids, paths, clusters
             if kind == "pid":
                 pid, created = rest.split()
                 pids[int(pid)] = float(created)
             elif kind == "path":
                 paths.append(rest)
+            elif kind == "cluster":
+                clusters.append(rest)
 
 
 def main(argv: list[str]) -> int:
     owner_pid, token = int(argv[0]), argv[1]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a notebook interrupt is not a death
-    released, pids, paths = _watch(owner_pid, sys.stdin)
+    released, pids, paths, clusters = _watch(owner_pid, sys.stdin)
     if released:
         return 0
     import psutil
@@ -197,6 +304,8 @@ def main(argv: list[str]) -> int:
                 os.remove(path)
             except OSError:
                 pass
+    for state_file in clusters:
+        remove_cluster_files(state_file)
     return 0
 
 

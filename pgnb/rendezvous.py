@@ -19,6 +19,9 @@ from urllib.parse import urlparse
 
 from .spec import DEBUG_LEVELS, WorldSpec
 
+#: The file:// store's name in pgnb's store directory.
+STORE_FILE = "store"
+
 
 @dataclass(frozen=True)
 class EngineInfo:
@@ -75,7 +78,7 @@ def init_url(spec: WorldSpec, master_addr: str, port: int, store_dir: str | None
         host = f"[{master_addr}]" if ":" in master_addr else master_addr
         return f"tcp://{host}:{port}"
     assert store_dir is not None, "file:// needs a store directory"
-    return f"file://{os.path.join(store_dir, 'store')}"
+    return f"file://{os.path.join(store_dir, STORE_FILE)}"
 
 
 def plans(
@@ -130,6 +133,12 @@ class OwnedDir:
     def __init__(self, prefix: str = "pgnb-") -> None:
         self.path = tempfile.mkdtemp(prefix=prefix)  # mkdtemp makes it 0700
         os.chmod(self.path, 0o700)
+
+    def private_file(self, name: str) -> str:
+        """Create ``name`` in the directory, empty and 0600 (torch's FileStore would make it 0644)."""
+        path = os.path.join(self.path, name)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        return path
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import socket
 import threading
 import time
 import uuid
@@ -20,16 +21,30 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import _engine
-from .cluster import EnginePool
-from .errors import RECOVER_HINT, EngineStartError, InitError, InitTimeout, NotStartedError, RankError, RankLost
-from .reaper import Reaper
-from .rendezvous import EngineInfo, OwnedDir, plans, rank_order, store_bind
+from ._engine import clean_message
+from ._liveness import PERIOD, STATUS_WAIT, Watcher
+from .cluster import EnginePool, exit_status
+from .errors import (
+    RECOVER_HINT,
+    CellTimeout,
+    EngineStartError,
+    InitError,
+    InitTimeout,
+    NotStartedError,
+    RankError,
+    RankLost,
+)
+from .reaper import Reaper, owned_by_token
+from .rendezvous import STORE_FILE, EngineInfo, OwnedDir, plans, rank_order, store_bind
 from .spec import WorldSpec
 
 STATES = ("starting", "pending", "initialized", "failed", "destroyed", "lost")
 #: Extra seconds pgnb waits past torch's own timeout, so torch's clearer error wins when it fires.
 DEADLINE_SLACK = 1.0
 STATUS_TIMEOUT = 5.0
+#: Once a rank is lost, how long the other ranks get to finish on their own before pgnb stops
+#: waiting: they may be blocked in a collective waiting for the lost rank.
+LOST_GRACE = 1.0
 
 
 @dataclass(frozen=True)
@@ -90,9 +105,7 @@ def _one_line(exc: BaseException) -> str:
     evalue = getattr(exc, "evalue", None)
     text = str(evalue if evalue is not None else exc).strip()
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    # torch prefixes store errors with a C++ source location in brackets; drop it
-    if first.startswith("[") and "] " in first:
-        first = first.split("] ", 1)[1]
+    first = clean_message(first)  # no C++ source locations, no peer ports
     return f"{ename}: {first}" if first else ename
 
 
@@ -111,7 +124,7 @@ class Sandbox:
         init_method: str = "env",
         timeout: float = 60.0,
         group_name: str = "",
-        launcher: str = "local",
+        launcher: str = "fork",
         profile: str | None = None,
         cluster_id: str | None = None,
         threads: int | None = None,
@@ -132,6 +145,10 @@ class Sandbox:
         self._store_dir: OwnedDir | None = None
         self._listeners: list[Callable[[Sandbox], None]] = []
         self._lock = threading.RLock()
+        # the liveness watcher publishes from its own thread: one publisher at a time
+        self._publish_lock = threading.RLock()
+        self._lost: dict[int, str] = {}  # engine pid -> why it died (written by the watcher thread)
+        self._watcher: Watcher | None = None
         self._snapshot = Snapshot(self.spec, self._fresh_rows("starting"), "new")
         _LIVE.add(self)
 
@@ -147,9 +164,19 @@ class Sandbox:
         return self._snapshot
 
     def _publish(self, **changes: Any) -> None:
-        self._snapshot = replace(self._snapshot, **changes)
-        for fn in list(self._listeners):
-            fn(self)
+        with self._publish_lock:
+            snap = replace(self._snapshot, **changes)
+            if self._lost:  # a dead engine stays lost whatever the main thread last thought of it
+                snap = replace(snap, ranks=tuple(self._as_lost(r) for r in snap.ranks))
+            self._snapshot = snap
+            for fn in list(self._listeners):
+                fn(self)
+
+    def _as_lost(self, row: RankStatus) -> RankStatus:
+        cause = self._lost.get(row.pid) if row.pid is not None else None
+        if cause is None or (row.state == "lost" and row.error == cause):
+            return row
+        return replace(row, state="lost", error=cause)
 
     def _set_rows(self, rows: Iterable[RankStatus], **changes: Any) -> None:
         self._publish(ranks=tuple(rows), **changes)
@@ -171,18 +198,30 @@ class Sandbox:
 
     @property
     def pids(self) -> list[int]:
-        """Every process pgnb started for this world that it knows by pid."""
-        out = [e.pid for e in self._known.values()] + [e.nanny_pid for e in self._known.values() if e.nanny_pid]
+        """Every live process pgnb started for this world (engines, nannies, zygotes, controller, reaper)."""
+        out = {e.pid for e in self._known.values()} | {e.nanny_pid for e in self._known.values() if e.nanny_pid}
         ctl = self._pool and self._pool.cluster and getattr(self._pool.cluster.controller, "process", None)
         if ctl is not None:
-            out.append(ctl.pid)
+            out.add(ctl.pid)
         if self._reaper is not None:
-            out.append(self._reaper.pid)
-        return out
+            out.add(self._reaper.pid)
+            out.update(owned_by_token(self._reaper.token))  # what the launchers started beneath
+        return sorted(out)
 
     @property
     def is_initialized(self) -> bool:
-        return self._snapshot.phase == "initialized"
+        snap = self._snapshot
+        return snap.phase == "initialized" and snap.initialized == len(snap.ranks)
+
+    def lost_ranks(self, ranks: Iterable[int] | None = None) -> dict[int, str]:
+        """Ranks (of ``ranks``, default all) whose engine process died: ``rank -> cause``.
+
+        Safe from any thread: it reads what the liveness watcher recorded, and asks no engine.
+        """
+        infos = list(self._ranks)
+        chosen = range(len(infos)) if ranks is None else ranks
+        lost = dict(self._lost)
+        return {r: lost[infos[r].pid] for r in chosen if 0 <= r < len(infos) and infos[r].pid in lost}
 
     # ---- lifecycle ------------------------------------------------------
     def __enter__(self) -> Sandbox:
@@ -199,7 +238,9 @@ class Sandbox:
         """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines."""
         spec = spec or self.spec
         with self._lock:
-            if not force and spec == self.spec and self.is_initialized and self._healthy():
+            if not force and spec == self.spec and self.is_initialized and self._healthy() and all(
+                r.state == "initialized" for r in self.status()  # a cell may have destroyed the group
+            ):
                 self._publish()  # listeners redraw; nothing else happens
                 return self
             new_hosting = self._pool is not None and (
@@ -208,15 +249,70 @@ class Sandbox:
             if force or new_hosting:
                 self._stop_pool()
             elif self._pool is not None:
-                self._destroy_ranks(quiet=True)
+                self._forget_lost()
+                if self._snapshot.phase != "destroyed":  # after %pg_destroy there is nothing to destroy
+                    self._destroy_ranks(quiet=True)
             self.spec = spec
             self._init_world()
             return self
 
     def _healthy(self) -> bool:
-        if self._pool is None or self._pool.client is None:
+        if self._pool is None or self._pool.client is None or self.lost_ranks():
             return False
         return set(self.engine_ids) <= set(self._pool.ids())
+
+    # ---- liveness -----------------------------------------------------
+    def _watch(self, infos: Iterable[EngineInfo]) -> None:
+        """Have the watcher thread look after the engines of this host (pids mean nothing elsewhere)."""
+        import psutil
+
+        here = socket.gethostname()
+        procs = {}
+        for e in infos:
+            if e.host != here:
+                continue
+            try:
+                procs[e.pid] = psutil.Process(e.pid).create_time()
+            except psutil.Error:  # already gone: the next look marks it
+                procs[e.pid] = 0.0
+        if not procs:
+            return
+        if self._watcher is None:
+            self._watcher = Watcher(self._on_engine_death, self._exit_status)
+        self._watcher.watch(procs)
+
+    def _exit_status(self, pid: int) -> int | None:
+        pool = self._pool  # read once: the main thread may swap it
+        return pool.exit_status(pid) if pool is not None else exit_status(pid)
+
+    def _on_engine_death(self, pid: int, cause: str) -> None:
+        """Watcher thread: an engine died. Mark its rank lost and tell the views."""
+        self._lost[pid] = cause
+        rank = next((r for r, e in enumerate(self._ranks) if e.pid == pid), None)
+        if rank is None:
+            return  # a spare engine, in no rank
+        self._publish(message=f"rank {rank} lost ({cause}); {RECOVER_HINT}")
+
+    def _stop_watching(self, pids: Iterable[int] | None = None) -> None:
+        """Before pgnb stops engines itself: those deaths are not losses."""
+        if self._watcher is None:
+            return
+        if pids is None:
+            self._watcher.stop()
+            self._watcher = None
+        else:
+            self._watcher.unwatch(pids)
+
+    def _forget_lost(self) -> None:
+        """Drop dead engines before a re-init, once the Client has noticed they are gone."""
+        dead = [e.engine_id for e in self._known.values() if e.pid in self._lost]
+        if not dead or self._pool is None or self._pool.client is None:
+            return
+        deadline = time.monotonic() + 5.0
+        while set(dead) & set(self._pool.ids()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for eid in dead:
+            self._known.pop(eid, None)
 
     def _init_world(self) -> None:
         spec = self.spec
@@ -235,8 +331,10 @@ class Sandbox:
         new = [i for i in pool.ids() if i not in self._known]
         if new:
             self._publish(phase="importing torch")
-            for info in pool.describe(new):
+            infos = pool.describe(new)
+            for info in infos:
                 self._known[info.engine_id] = info
+            self._watch(infos)
             pool.warm_up(new)
         self._ranks = rank_order([self._known[i] for i in pool.ids()], spec.world,
                                  use_launcher_rank=spec.launcher not in ("local", "pgnb.fork"))
@@ -285,6 +383,7 @@ class Sandbox:
             if spec.init_url is None:
                 self._store_dir = store_dir_obj = OwnedDir()
                 store_dir = store_dir_obj.path
+                store_dir_obj.private_file(STORE_FILE)  # torch opens it as it is: empty is allowed
                 if self._reaper:
                     self._reaper.own_path(store_dir)
         rank_plans = plans(spec, self._ranks, master_addr, port, store_dir)
@@ -318,7 +417,7 @@ class Sandbox:
         try:
             res = ar.get(timeout=0)
         except Exception as e:
-            state = "lost" if type(e).__name__ in ("EngineError", "TaskAborted") else "failed"
+            state = "lost" if _ename(e) in ("EngineError", "TaskAborted") else "failed"
             return replace(row, state=state, error=_one_line(e))
         return replace(row, state="initialized", backend=self._shown_backend(res), device=res["device"],
                        world_size=res["world_size"], init_seconds=res["init_seconds"])
@@ -347,6 +446,7 @@ class Sandbox:
             return
         stuck_infos = [self._ranks[r] for r in (stuck or [])]
         if stuck_infos:
+            self._stop_watching([e.pid for e in stuck_infos])
             pool.kill_engines([e.pid for e in stuck_infos], [e.engine_id for e in stuck_infos])
             for e in stuck_infos:
                 self._known.pop(e.engine_id, None)
@@ -361,19 +461,20 @@ class Sandbox:
         with self._lock:
             if self._pool is None or self._pool.client is None:
                 return list(self._snapshot.ranks)
+            lost = self.lost_ranks()
             alive = set(self._pool.ids())
             ars = {r: self.client[e.engine_id].apply_async(_engine.rank_status)
-                   for r, e in enumerate(self._ranks) if e.engine_id in alive}
+                   for r, e in enumerate(self._ranks) if e.engine_id in alive and r not in lost}
             deadline = time.monotonic() + timeout
             rows = list(self._snapshot.ranks)
             for r, e in enumerate(self._ranks):
                 if r not in ars:
-                    rows[r] = replace(rows[r], state="lost", error="engine process is gone")
+                    rows[r] = replace(rows[r], state="lost", error=lost.get(r, "engine process is gone"))
                     continue
                 try:
                     res = ars[r].get(timeout=max(0.0, deadline - time.monotonic()))
                 except Exception as exc:
-                    if type(exc).__name__ == "EngineError":
+                    if _ename(exc) == "EngineError":
                         rows[r] = replace(rows[r], state="lost", error=_one_line(exc))
                     else:
                         rows[r] = replace(rows[r], error=f"did not answer within {timeout:g} s (busy?)")
@@ -392,30 +493,87 @@ class Sandbox:
             raise NotStartedError("no process group yet: run `%pg_init` (Sandbox.start()) first")
 
     def ranks_to_engines(self, ranks: Iterable[int] | None) -> list[tuple[int, int]]:
+        """``(rank, engine id)`` of the chosen ranks; refuses at once if one of them is lost."""
         self._require_world()
-        chosen = range(len(self._ranks)) if ranks is None else ranks
+        chosen = list(range(len(self._ranks)) if ranks is None else ranks)
+        lost = self.lost_ranks(chosen)
+        if lost:
+            raise RankLost(_lost_text(lost) + f"; {RECOVER_HINT}", sorted(lost))
         return [(r, self._ranks[r].engine_id) for r in chosen]
+
+    def wait_ranks(self, ars: list[tuple[int, Any]], deadline: float | None = None) -> dict[int, str]:
+        """Wait for ``(rank, AsyncResult)`` pairs; the lost ranks among them, ``rank -> cause``.
+
+        Returns when every result is in, at ``deadline`` (``time.monotonic()``), or
+        ``LOST_GRACE`` seconds after one of the ranks is lost: the others may be
+        blocked in a collective waiting for it, which gloo gives up only at the
+        process group's timeout. Main thread only (it uses the Client).
+        """
+        ranks = [r for r, _ in ars]
+        lost_since = None
+        while True:
+            pending = [ar for _, ar in ars if not ar.ready()]
+            now = time.monotonic()
+            if not pending or (deadline is not None and now >= deadline):
+                break
+            if lost_since is None and (self.lost_ranks(ranks) or any(_died(ar) for _, ar in ars)):
+                lost_since = now
+            if lost_since is not None and now - lost_since >= LOST_GRACE:
+                break
+            pending[0].wait(0.1 if deadline is None else max(0.0, min(0.1, deadline - now)))
+        return self._lost_with_causes(ars)
+
+    def _lost_with_causes(self, ars: list[tuple[int, Any]]) -> dict[int, str]:
+        """Lost ranks among ``ars``; a task that failed with EngineError before the watcher
+        noticed waits (briefly) for the watcher's cause."""
+        died = [r for r, ar in ars if _died(ar)]
+        watched = self._watcher is not None and any(self._ranks[r].host == socket.gethostname() for r in died)
+        deadline = time.monotonic() + (PERIOD + STATUS_WAIT + 0.2 if watched else 0.0)
+        while set(died) - set(self.lost_ranks(died)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        lost = self.lost_ranks([r for r, _ in ars])
+        for r in died:
+            lost.setdefault(r, "engine died")
+        return lost
 
     def run(self, fn: Callable[..., Any], *args: Any, ranks: Iterable[int] | None = None,
             timeout: float | None = None, **kwargs: Any) -> list[Any]:
-        """``fn(*args, **kwargs)`` on every rank at once; results in rank order."""
+        """``fn(*args, **kwargs)`` on every rank at once; results in rank order.
+
+        Raises ``RankError`` naming the ranks that failed, ``RankLost`` if a rank's
+        engine died (the others are not waited for longer than ``LOST_GRACE``),
+        ``CellTimeout`` for ranks still running at ``timeout`` seconds.
+        """
         pairs = self.ranks_to_engines(ranks)
         ars = [(r, self.client[e].apply_async(fn, *args, **kwargs)) for r, e in pairs]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        results, failures = [], []
+        lost = self.wait_ranks(ars, None if timeout is None else time.monotonic() + timeout)
+        results: list[Any] = []
+        failures: list[tuple[int, Exception]] = []
+        running: list[int] = []
         for r, ar in ars:
+            results.append(None)
+            if r in lost:
+                continue
+            if not ar.ready():
+                running.append(r)
+                continue
             try:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                results.append(ar.get(timeout=left))
+                results[-1] = ar.get(timeout=0)
             except Exception as e:
                 failures.append((r, e))
-                results.append(None)
-        if failures:
-            lost = [r for r, e in failures if type(e).__name__ == "EngineError"]
-            text = "; ".join(f"rank {r}: {_one_line(e)}" for r, e in failures)
-            err = RankLost if lost else RankError
-            raise err(text, [r for r, _ in failures])
-        return results
+        if not (lost or failures or running):
+            return results
+        parts = [f"rank {r}: {_one_line(e)}" for r, e in failures]
+        if lost:
+            parts.insert(0, _lost_text(lost))
+        if running:
+            why = "probably blocked waiting for the lost rank" if lost else f"still running after {timeout:g} s"
+            parts.append(f"{_ranks_text(running)} {why}")
+        if lost or running:
+            parts.append(RECOVER_HINT)
+        bad = sorted([*lost, *running, *(r for r, _ in failures)])
+        err = RankLost if lost else CellTimeout if running else RankError
+        raise err("; ".join(parts), bad)
 
     def execute(self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None,
                 label: int | None = None) -> Any:
@@ -462,7 +620,8 @@ class Sandbox:
         if self._pool is None or self._pool.client is None:
             return
         alive = set(self._pool.ids())
-        ars = [self.client[e.engine_id].apply_async(_engine.destroy) for e in self._ranks if e.engine_id in alive]
+        ars = [self.client[e.engine_id].apply_async(_engine.destroy) for e in self._ranks
+               if e.engine_id in alive and e.pid not in self._lost]
         deadline = time.monotonic() + timeout
         errors = []
         for ar in ars:
@@ -484,10 +643,12 @@ class Sandbox:
                             for r in self._snapshot.ranks), phase="destroyed", message="")
 
     def _stop_pool(self) -> None:
+        self._stop_watching()
         pool, self._pool = self._pool, None
         if pool is not None:
             with contextlib.suppress(Exception):
-                if pool.client is not None:
+                # with a rank lost, the others may be stuck waiting for it: no polite destroy
+                if pool.client is not None and not self.lost_ranks():
                     self._pool = pool
                     self._destroy_ranks(quiet=True, timeout=2.0)
                     self._pool = None
@@ -500,6 +661,7 @@ class Sandbox:
             self._reaper = None
         self._known.clear()
         self._ranks = []
+        self._lost.clear()
 
     def shutdown(self) -> None:
         """Destroy the group, then stop the engines and controller pgnb started."""
@@ -513,6 +675,30 @@ class Sandbox:
 
 def _ranks_text(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _lost_text(lost: dict[int, str]) -> str:
+    """``{2: "engine killed by SIGKILL"}`` -> ``"rank 2 lost (engine killed by SIGKILL)"``."""
+    by_cause: dict[str, list[int]] = {}
+    for r in sorted(lost):
+        by_cause.setdefault(lost[r], []).append(r)
+    return "; ".join(f"{_ranks_text(rs)} lost ({cause})" for cause, rs in by_cause.items())
+
+
+def _ename(exc: BaseException) -> str:
+    """The remote exception's name (ipyparallel wraps engine-side errors in RemoteError)."""
+    return str(getattr(exc, "ename", None) or type(exc).__name__)
+
+
+def _died(ar: Any) -> bool:
+    """The task failed because its engine died (ipyparallel says EngineError)."""
+    if not ar.ready():
+        return False
+    try:
+        ar.get(timeout=0)
+    except Exception as e:
+        return _ename(e) == "EngineError"
+    return False
 
 
 @atexit.register

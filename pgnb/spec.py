@@ -38,10 +38,11 @@ def local_world_limit() -> int:
     if override:
         return int(override)
     try:
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        # total, not available, memory: the limit must not change with the machine's load
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return 64
-    return max(1, avail // _BYTES_PER_LOCAL_RANK)
+    return max(1, total // _BYTES_PER_LOCAL_RANK)
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class WorldSpec:
     init_method: str = "env"  # "env", "tcp", "file", or a full URL
     timeout: float = 60.0
     group_name: str = ""
-    launcher: str = "local"
+    launcher: str = "pgnb.fork"
     profile: str | None = None
     cluster_id: str | None = None
     threads: int | None = None
@@ -111,7 +112,7 @@ class WorldSpec:
         init_method: str = "env",
         timeout: object = 60.0,
         group_name: str = "",
-        launcher: str = "local",
+        launcher: str = "fork",
         profile: str | None = None,
         cluster_id: str | None = None,
         threads: object = None,
@@ -160,20 +161,30 @@ def _positive_int(option: str, value: object) -> int:
     try:
         if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
             raise ValueError
-        n = int(str(value).strip()) if not isinstance(value, (int, float)) else int(value)
-    except (TypeError, ValueError):
+        text = str(value).strip()
+        if not isinstance(value, (int, float)) and not _plain_number(text):
+            raise ValueError  # int() would read "١٢" or "1_000"; a typo should not start 12 ranks
+        n = int(text) if not isinstance(value, (int, float)) else int(value)
+    except (TypeError, ValueError, OverflowError):
         raise SpecError(f"{option} must be a whole number, not {value!r}") from None
     if n < 1:
         raise SpecError(f"{option} must be at least 1, not {n}")
     return n
 
 
+def _plain_number(text: str) -> bool:
+    """ASCII digits, sign, point, exponent (or inf/nan, refused later): what a user types as a number."""
+    return text.isascii() and "_" not in text and text != ""
+
+
 def _positive_float(option: str, value: object) -> float:
     try:
         if isinstance(value, bool):
             raise ValueError
+        if isinstance(value, str) and not _plain_number(value.strip()):
+            raise ValueError
         x = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise SpecError(f"{option} must be a number of seconds, not {value!r}") from None
     if not (x > 0) or x == float("inf"):
         raise SpecError(f"{option} must be a positive number of seconds, not {value!r}")
@@ -238,7 +249,10 @@ def _normalise_init_method(init_method: object) -> str:
         return text.lower().rstrip("/:")
     if "://" not in text:
         raise SpecError(f"unknown --init-method {text!r}; use env, tcp, file, or a URL like tcp://host:port")
-    parsed = urlparse(text)
+    try:
+        parsed = urlparse(text)
+    except ValueError as e:  # e.g. "Invalid IPv6 URL" for tcp://[::1
+        raise SpecError(f"cannot read --init-method {text!r}: {e}") from None
     scheme = parsed.scheme.lower()
     if scheme not in INIT_SCHEMES:
         raise SpecError(

@@ -87,6 +87,16 @@ class WorldReport:
         return {"text/plain": repr(self), "text/html": f"<div class='pgnb-report'>{summary}</div>"}
 
 
+def _close_tree(w: W.Widget) -> None:
+    for child in getattr(w, "children", ()):
+        _close_tree(child)
+    for attr in ("layout", "style"):
+        sub = getattr(w, attr, None)
+        if isinstance(sub, W.Widget):
+            sub.close()
+    w.close()
+
+
 class StatusView(W.VBox):
     """Live view of a world: header, one row per rank, and actions."""
 
@@ -116,11 +126,28 @@ class StatusView(W.VBox):
         """Stop following the sandbox (the view keeps its last picture)."""
         self._sandbox.remove_listener(self._on_change)
 
+    def close(self) -> None:
+        """Detach, and close every widget this view made: ipywidgets keeps a widget (and its comm)
+        alive until it is closed, so views a notebook no longer shows would grow the kernel."""
+        self.detach()
+        for w in [*self.children, self._title, *self._row_widgets]:
+            _close_tree(w)
+        for sub in (self.layout, getattr(self, "style", None)):
+            if isinstance(sub, W.Widget):
+                sub.close()
+        super().close()
+
     def _on_change(self, sandbox: Sandbox) -> None:
         self.render(sandbox.snapshot())
 
     # ---- drawing -------------------------------------------------------
+    @property
+    def shown(self) -> Snapshot:
+        """The snapshot this view shows now (its last render)."""
+        return self._shown
+
     def render(self, snap: Snapshot) -> None:
+        self._shown = snap
         with self.hold_sync():
             self._header.value = self._header_html(snap)
             while len(self._row_widgets) < len(snap.ranks):

@@ -1,0 +1,812 @@
+"""``%%pg --trace``: what every rank's torch.distributed calls did, on one clock.
+
+While a traced cell runs, each rank records its collective and point-to-point
+calls (``pgnb._tracer``): op, group, tensor shapes and dtypes, bytes, and when
+each call started and returned on the rank's own clock. This module is the
+kernel's side:
+
+* ``measure_offsets`` measures each rank's clock offset from the kernel's, NTP
+  style: the kernel reads its clock, asks the rank for its clock (an apply
+  round trip), reads its clock again; of several round trips the shortest is
+  trusted, offset = rank clock - midpoint, uncertain by half the round trip.
+  Every traced time is corrected by it, so ranks on hosts whose clocks differ
+  still line up.
+* ``Trace`` holds the calls and matches them across ranks: the k-th
+  collective a rank makes on a group pairs with the k-th the other members
+  make on it; the k-th send from rank a to rank b pairs with the k-th receive
+  on b from a. A rank that arrived last makes the others wait; calls that do
+  not pair (a different op, shape or root, or a rank that never made the
+  call) are a mismatch, named in one line with the ranks and the call number.
+* ``Trace`` shows as deterministic text (the calls and shapes, who arrived
+  last when that is clear, the mismatches; no timings) and ``timeline()`` as a
+  picture (matplotlib PNG, one swimlane per rank, the wait for the slowest
+  participant hatched) which nbval does not compare.
+
+A rank stuck in a collective cannot answer the kernel, so ranks on this host
+write their records to a file in pgnb's 0700 directory and the kernel reads it
+directly; that is how a ``--timeout`` still shows the trace up to the hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import _tracer
+
+if TYPE_CHECKING:
+    from .cells import CellResult
+    from .sandbox import Sandbox
+
+#: Round trips per rank when measuring its clock offset (the shortest one is used).
+OFFSET_SAMPLES = 5
+#: Seconds one clock round trip may take before the rank counts as not answering.
+OFFSET_TIMEOUT = 5.0
+#: A rank "arrived last" only when it came at least this much later than every other
+#: participant: below it, who is last is noise, and the text must say the same every run.
+STRAGGLER_GAP = 0.5
+#: Seconds to wait for the records of a rank on another host (it must be idle to answer).
+FETCH_TIMEOUT = 5.0
+
+
+# ---- clocks ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClockOffset:
+    """How far a rank's clock is ahead of the kernel's: ``rank time - kernel time``."""
+
+    rank: int
+    offset: float  # seconds
+    uncertainty: float  # half the shortest round trip, seconds; inf when not measured
+    samples: int
+
+    @property
+    def measured(self) -> bool:
+        return self.samples > 0
+
+    @property
+    def correction(self) -> float:
+        """What is subtracted from the rank's times: the offset, when the measurement can tell
+        it from zero (ranks on one host share a clock; correcting them by noise would only blur)."""
+        return self.offset if self.measured and abs(self.offset) > self.uncertainty else 0.0
+
+
+def measure_offsets(sb: Sandbox, ranks: Iterable[int] | None = None,
+                    samples: int = OFFSET_SAMPLES) -> dict[int, ClockOffset]:
+    """Each rank's clock offset from the kernel's, measured over ``samples`` apply round trips.
+
+    All ranks are asked at once, round after round. The kernel-side times of a
+    round trip are the Client's own stamps (when the request was built, when
+    the reply arrived on its I/O thread), so a slow wake-up of this thread does
+    not count as network delay.
+    """
+    pairs = sb.ranks_to_engines(None if ranks is None else list(ranks))
+    best: dict[int, tuple[float, float]] = {}  # rank -> (round trip, offset)
+    count = dict.fromkeys((r for r, _ in pairs), 0)
+    alive = dict(pairs)
+    for _ in range(samples):
+        t0 = time.time()
+        asked = [(r, sb.client[e].apply_async(_tracer.clock)) for r, e in alive.items()]
+        for r, ar in asked:
+            try:
+                theirs = float(ar.get(timeout=OFFSET_TIMEOUT))
+            except Exception:  # busy or gone: no more samples from this rank
+                alive.pop(r, None)
+                continue
+            t3 = time.time()
+            sent, got = _stamp(ar, "submitted", t0), _stamp(ar, "received", t3)
+            if not sent <= got:
+                sent, got = t0, t3
+            count[r] += 1
+            sample = (got - sent, theirs - (sent + got) / 2)
+            if r not in best or sample[0] < best[r][0]:
+                best[r] = sample
+    return {r: ClockOffset(r, best[r][1], best[r][0] / 2, count[r]) if r in best
+            else ClockOffset(r, 0.0, math.inf, 0) for r, _ in pairs}
+
+
+def _stamp(ar: Any, key: str, fallback: float) -> float:
+    """An AsyncResult's metadata time (a datetime) as epoch seconds, or ``fallback``."""
+    value = getattr(ar, key, None)
+    try:
+        return float(value.timestamp())
+    except Exception:  # missing or not a datetime
+        return fallback
+
+
+# ---- what was recorded -------------------------------------------------------------
+Tensor = tuple[str, tuple[int, ...], int]  # dtype, shape, bytes
+
+
+@dataclass
+class Call:
+    """One torch.distributed call on one rank; times on the kernel's clock."""
+
+    rank: int
+    index: int  # 1-based, in this rank's sequence of traced calls
+    op: str
+    kind: str  # "collective" or "p2p"
+    group: tuple[int, ...] = ()
+    world: bool = True  # the default group
+    tensors: tuple[Tensor, ...] = ()
+    roles: tuple[tuple[str, Any], ...] = ()  # op=SUM, src=0, ...
+    direction: str = ""  # p2p: "send" or "recv"
+    peer: int | None = None  # p2p: the other rank (global)
+    batch: tuple[tuple[str, int, tuple[Tensor, ...]], ...] = ()  # batch_isend_irecv: (direction, peer, tensors)
+    async_op: bool = False
+    uneven: bool = False  # shapes may differ across ranks (all_to_all with splits)
+    start: float | None = None
+    end: float | None = None  # None: had not returned when the trace was read
+    done: float | None = None  # async: when the work completed
+    error: str = ""
+    note: str = ""
+    #: filled by matching: seconds this rank waited for the last participant to arrive
+    wait: float = 0.0
+    #: filled by matching: the collective's number on its group (1-based), or the p2p pair's
+    number: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t[2] for t in self.tensors) + sum(t[2] for b in self.batch for t in b[2])
+
+    @property
+    def finished(self) -> bool:
+        return self.end is not None
+
+    def shapes(self) -> str:
+        return _tensors_text(self.tensors)
+
+    def label(self) -> str:
+        """``all_reduce(float32[4], op=SUM)``: what the call was, the same on every run."""
+        parts = []
+        if self.batch:
+            parts = [f"{d} {'to' if d == 'send' else 'from'} {p}: {_tensors_text(t)}" for d, p, t in self.batch]
+        else:
+            if self.tensors:
+                parts.append(self.shapes())
+            if self.kind == "p2p" and self.peer is not None:
+                parts.append(f"{'dst' if self.direction == 'send' else 'src'}={self.peer}")
+            parts.extend(f"{k}={v}" for k, v in self.roles)
+        if not self.world:
+            parts.append(f"group={_ranks_list(self.group)}")
+        return f"{self.op}({', '.join(parts)})"
+
+    def signature(self) -> tuple[Any, ...]:
+        """What every participant of a collective must agree on."""
+        tensors = tuple(t[0] for t in self.tensors) if self.uneven else tuple(t[:2] for t in self.tensors)
+        return (self.op, tensors, self.roles)
+
+    def short(self) -> str:
+        """``all_reduce #3``: the op and its number on its group (or pair)."""
+        return f"{self.op} #{self.number}" if self.number else self.op
+
+
+def _tensors_text(tensors: Iterable[Tensor]) -> str:
+    items = [f"{d}[{','.join(map(str, s))}]" for d, s, _ in tensors]
+    if not items:
+        return ""
+    if len(items) > 1 and len(set(items)) == 1:
+        return f"{len(items)}×{items[0]}"
+    return ", ".join(items) if len(items) == 1 else "[" + ", ".join(items) + "]"
+
+
+def _ranks_list(ranks: Iterable[int]) -> str:
+    return "[" + ",".join(map(str, ranks)) + "]"
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """``[1]`` -> ``rank 1``; ``[0, 2, 3]`` -> ``ranks 0, 2, 3``; ``[0, 1, 2, 3]`` -> ``ranks 0-3``."""
+    rs = sorted(ranks)
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    if len(rs) > 2 and rs == list(range(rs[0], rs[-1] + 1)):
+        return f"ranks {rs[0]}-{rs[-1]}"
+    return "ranks " + ", ".join(map(str, rs))
+
+
+def _bytes_text(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _about(seconds: float) -> str:
+    """One significant figure: stable across runs unless the value sits on a rounding edge."""
+    if seconds <= 0:
+        return "0 s"
+    digits = -int(math.floor(math.log10(seconds)))
+    value = round(seconds, digits)
+    return f"{value:.{max(digits, 0)}f} s"
+
+
+def calls_from_records(rank: int, records: list[dict[str, Any]],
+                       offset: float = 0.0) -> tuple[list[Call], float | None]:
+    """Rebuild one rank's calls from its records, times moved onto the kernel's clock.
+
+    Returns the calls and when the rank started the cell (the header's time).
+    """
+    calls: dict[int, Call] = {}
+    began = None
+    for rec in records:
+        kind = rec.get("e")
+        if kind == "h":
+            began = float(rec["t"]) - offset
+        elif kind == "b":
+            calls[rec["i"]] = _call(rank, rec, offset)
+        elif kind in ("e", "d") and rec.get("i") in calls:
+            c = calls[rec["i"]]
+            if kind == "e":
+                c.end = float(rec["t1"]) - offset
+                c.error = str(rec.get("err", ""))
+                if "peer" in rec:
+                    c.peer = int(rec["peer"])
+            else:
+                c.done = float(rec["t2"]) - offset
+    return [calls[i] for i in sorted(calls)], began
+
+
+def _call(rank: int, rec: dict[str, Any], offset: float) -> Call:
+    def tensors(items: Any) -> tuple[Tensor, ...]:
+        return tuple((str(d), tuple(int(x) for x in s), int(b)) for d, s, b in items or [])
+
+    p2p = rec.get("kind") == "p2p"
+    return Call(
+        rank=rank, index=int(rec["i"]), op=str(rec["op"]), kind="p2p" if p2p else "collective",
+        group=tuple(rec.get("g") or ()), world=bool(rec.get("w", True)), tensors=tensors(rec.get("t")),
+        roles=tuple(sorted((str(k), v) for k, v in (rec.get("a") or {}).items())),
+        direction=str(rec.get("dir", "")), peer=rec.get("peer"),
+        batch=tuple((str(d), int(p), tensors(t)) for d, p, t in rec.get("batch") or []),
+        async_op=bool(rec.get("async")), uneven=bool(rec.get("uneven")),
+        start=float(rec["t0"]) - offset if "t0" in rec else None, note=str(rec.get("note", "")),
+    )
+
+
+# ---- matching across ranks ----------------------------------------------------------
+@dataclass
+class Step:
+    """The k-th collective on one group, across its members."""
+
+    group: tuple[int, ...]
+    world: bool
+    number: int
+    calls: dict[int, Call]  # member rank -> its k-th call on the group
+    missing: list[int]  # traced members that never made a k-th call
+    untraced: list[int]  # members that did not run the cell
+    mismatch: str = ""
+    slowest: int | None = None  # the rank that arrived clearly last
+    total_wait: float = 0.0
+    compared: bool = True  # False after an earlier mismatch on the same group
+
+    @property
+    def where(self) -> str:
+        return "the world group" if self.world else f"group {_ranks_list(self.group)}"
+
+
+@dataclass
+class Trace:
+    """The traced calls of every rank that ran a cell, matched across ranks."""
+
+    ranks: list[int]
+    calls: dict[int, list[Call]]
+    offsets: dict[int, ClockOffset] = field(default_factory=dict)
+    running: list[int] = field(default_factory=list)  # ranks still running the cell when it was read
+    began: dict[int, float] = field(default_factory=dict)  # when each rank started the cell
+    read_at: float = 0.0  # when the kernel read the records (kernel clock)
+    unreadable: dict[int, str] = field(default_factory=dict)  # rank -> why it has no records
+    steps: list[Step] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.steps and not self.problems:
+            self._match()
+
+    # -- matching --
+    def _match(self) -> None:
+        traced = set(self.ranks) - set(self.unreadable)
+        for c in (c for cs in self.calls.values() for c in cs):
+            c.wait, c.number = 0.0, 0
+        groups: dict[tuple[int, ...], bool] = {}
+        for r in sorted(traced):
+            for c in self.calls.get(r, []):
+                if c.kind == "collective":
+                    groups.setdefault(c.group, c.world)
+        for group, world in sorted(groups.items(), key=lambda g: (not g[1], g[0])):
+            self._match_group(group, world, traced)
+        self._match_p2p(traced)
+        for r in sorted(self.unreadable):
+            self.problems.append(f"rank {r}: no trace ({self.unreadable[r]})")
+
+    def _match_group(self, group: tuple[int, ...], world: bool, traced: set[int]) -> None:
+        members = [r for r in group if r in traced]
+        untraced = [r for r in group if r not in traced]
+        seqs = {r: [c for c in self.calls.get(r, []) if c.kind == "collective" and c.group == group]
+                for r in members}
+        broken = False
+        for k in range(1, max((len(s) for s in seqs.values()), default=0) + 1):
+            calls = {r: s[k - 1] for r, s in seqs.items() if len(s) >= k}
+            for c in calls.values():
+                c.number = k
+            step = Step(group, world, k, calls, [r for r in members if len(seqs[r]) < k], untraced)
+            step.compared = not broken
+            if not broken:
+                step.mismatch = self._step_mismatch(step)
+                if step.mismatch:
+                    broken = True
+                    self.problems.append(step.mismatch)
+                else:
+                    self._waits(list(calls.values()), step)
+            self.steps.append(step)
+
+    def _step_mismatch(self, step: Step) -> str:
+        calls = step.calls
+        head = f"mismatch at call #{step.number} on {step.where}: "
+        by_sig: dict[tuple[Any, ...], list[int]] = {}
+        for r, c in sorted(calls.items()):
+            by_sig.setdefault(c.signature(), []).append(r)
+        first = next(iter(calls.values()))
+        if len(by_sig) > 1:
+            parts = [f"{ranks_text(rs)} called {calls[rs[0]].label()}" for rs in by_sig.values()]
+            why = _differ(list(calls.values()))
+            return head + "; ".join(parts) + (f" ({why})" if why else "")
+        name = f"{first.op} #{step.number}"
+        blocked = sorted(r for r, c in calls.items() if not c.finished)
+        parts = []
+        if step.missing:
+            done = [r for r in step.missing if r not in self.running]
+            busy = [r for r in step.missing if r in self.running]
+            if done:
+                parts.append(f"{ranks_text(done)} never called {name}")
+            for r in busy:
+                parts.append(f"rank {r} had not called {name} when pgnb stopped waiting ({self._doing(r)})")
+        if step.untraced and blocked:
+            they = "it" if len(step.untraced) == 1 else "they"
+            parts.append(f"{ranks_text(step.untraced)} did not run this cell, so {they} never called {name}")
+        if not parts:
+            return ""
+        if blocked:
+            verb = "is" if len(blocked) == 1 else "are"
+            parts.append(f"{ranks_text(blocked)} {verb} blocked in it")
+        elif step.missing or step.untraced:
+            parts.append(f"{ranks_text(sorted(calls))} called it")
+        return head + "; ".join(parts)
+
+    def _doing(self, rank: int) -> str:
+        open_calls = [c for c in self.calls.get(rank, []) if not c.finished]
+        if open_calls:
+            c = open_calls[-1]
+            return f"it is blocked in {c.short()}" + (f" on group {_ranks_list(c.group)}" if not c.world else "")
+        return "it is still running the cell"
+
+    def _waits(self, calls: list[Call], step: Step) -> None:
+        """Who arrived last, and how long each other participant waited for it."""
+        if len(calls) < 2 or any(c.start is None for c in calls) or step.missing or step.untraced:
+            return
+        starts = sorted((c.start or 0.0, c.rank) for c in calls)
+        last_start, last_rank = starts[-1]
+        for c in calls:
+            stop = last_start if c.end is None else min(last_start, c.end)
+            c.wait = max(0.0, stop - (c.start or 0.0))
+        step.total_wait = sum(c.wait for c in calls)
+        if last_start - starts[-2][0] >= STRAGGLER_GAP:
+            step.slowest = last_rank
+
+    def _match_p2p(self, traced: set[int]) -> None:
+        sends: dict[tuple[int, int], list[tuple[Call, tuple[Tensor, ...]]]] = {}
+        recvs: dict[tuple[int, int], list[tuple[Call, tuple[Tensor, ...]]]] = {}
+        for r in sorted(traced):
+            for c in self.calls.get(r, []):
+                if c.kind != "p2p":
+                    continue
+                parts = c.batch or ((c.direction, c.peer, c.tensors),)
+                for direction, peer, tensors in parts:
+                    if peer is None:
+                        continue  # recv from any source that has not returned: unknown sender
+                    pair = (r, peer) if direction == "send" else (peer, r)
+                    (sends if direction == "send" else recvs).setdefault(pair, []).append((c, tensors))
+        for src, dst in sorted(set(sends) | set(recvs)):
+            if src not in traced or dst not in traced:
+                continue
+            out, into = sends.get((src, dst), []), recvs.get((src, dst), [])
+            for k, ((s, st), (rv, rt)) in enumerate(zip(out, into, strict=False), start=1):
+                s.number = s.number or k
+                rv.number = rv.number or k
+                if tuple(t[:2] for t in st) != tuple(t[:2] for t in rt):
+                    self.problems.append(
+                        f"mismatch at send #{k} from rank {src} to rank {dst}: rank {src} sent "
+                        f"{_tensors_text(st)}, rank {dst} received into {_tensors_text(rt)}")
+                    break
+                if s.start is not None and rv.start is not None and rv.start < s.start:
+                    stop = s.start if rv.end is None else min(s.start, rv.end)
+                    rv.wait = max(rv.wait, stop - rv.start)
+            else:
+                if len(out) != len(into):
+                    self.problems.append(self._pair_mismatch(src, dst, out, into))
+
+    def _pair_mismatch(self, src: int, dst: int, out: list[Any], into: list[Any]) -> str:
+        n, m = len(out), len(into)
+        k = min(n, m) + 1
+        for c, _ in (out if n > m else into)[min(n, m):]:
+            c.number = c.number or k
+        if n > m:
+            c = out[m][0]
+            who = f"rank {dst} never received it" if dst not in self.running else (
+                f"rank {dst} had not received it when pgnb stopped waiting ({self._doing(dst)})")
+            state = " and is blocked in it" if not c.finished else ""
+            return (f"mismatch at send #{k} from rank {src} to rank {dst}: rank {src} called "
+                    f"{c.op}{state}; {who}")
+        c = into[n][0]
+        who = f"rank {src} never sent it" if src not in self.running else (
+            f"rank {src} had not sent it when pgnb stopped waiting ({self._doing(src)})")
+        state = " and is blocked in it" if not c.finished else ""
+        return f"mismatch at send #{k} from rank {src} to rank {dst}: rank {dst} called {c.op}{state}; {who}"
+
+    # -- facts --
+    @property
+    def ok(self) -> bool:
+        """Every call paired up and returned."""
+        return not self.problems and all(c.finished and not c.error for cs in self.calls.values() for c in cs)
+
+    @property
+    def n_calls(self) -> int:
+        return sum(len(cs) for cs in self.calls.values())
+
+    # -- text --
+    def summary(self) -> str:
+        """The deterministic text: per-rank sequences, a line per collective, mismatches. No timings."""
+        shown = [r for r in self.ranks if r not in self.unreadable]
+        seqs = {r: [self._entry(c) for c in self.calls.get(r, [])] for r in shown}
+        counts = {len(s) for s in seqs.values()}
+        same = len({tuple(s) for s in seqs.values()}) <= 1
+        head = f"trace of {ranks_text(self.ranks)}: "
+        if not self.n_calls:
+            head += "no torch.distributed calls"
+        elif same and len(counts) == 1:
+            n = counts.pop()
+            head += f"{n} call{'s' if n != 1 else ''}" + (" each, the same on every rank" if len(shown) > 1 else "")
+        else:
+            head += "the calls of each rank"
+        lines = [head]
+        if not same:
+            for r in shown:
+                lines.append(f"  rank {r}: " + (", ".join(_runs(seqs[r])) or "no calls"))
+        for line in self._step_lines():
+            lines.append("  " + line)
+        for line in self._p2p_lines():
+            lines.append("  " + line)
+        lines.extend(self.problems)
+        errors = [c for cs in self.calls.values() for c in cs if c.error]
+        for c in errors:
+            lines.append(f"rank {c.rank}: {c.short()} raised {c.error}")
+        return "\n".join(lines)
+
+    def _entry(self, c: Call) -> str:
+        text = c.label()
+        if c.error:
+            return text + " (raised)"
+        if not c.finished:
+            return text + " (did not return)"
+        return text
+
+    def _step_lines(self) -> list[str]:
+        """One line per collective (runs of identical, unremarkable ones folded), in aligned columns."""
+        rows: list[tuple[str, str, str, str]] = []
+        run: list[Step] = []
+
+        def flush() -> None:
+            if not run:
+                return
+            a, b = run[0].number, run[-1].number
+            num = f"#{a}" if a == b else f"#{a}-#{b}"
+            first = next(iter(run[0].calls.values()))
+            count = f" ×{len(run)}" if len(run) > 1 else ""
+            rows.append((num, first.label() + count, _bytes_text(first.nbytes), self._timing(run[0])))
+            run.clear()
+
+        for step in self.steps:
+            if not step.compared or step.mismatch:
+                flush()
+                continue
+            key = self._step_key(step)
+            if run and (self._step_key(run[-1]) != key or run[-1].group != step.group or step.slowest is not None):
+                flush()
+            run.append(step)
+            if step.slowest is not None:
+                flush()
+        flush()
+        widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
+        return [f"{n:<{widths[0]}}  {op:<{widths[1]}}  {nb:>{widths[2]}}  {t}".rstrip() for n, op, nb, t in rows]
+
+    def _step_key(self, step: Step) -> tuple[Any, ...]:
+        first = next(iter(step.calls.values()))
+        return (first.signature(), step.group, step.slowest, all(c.finished for c in step.calls.values()))
+
+    def _timing(self, step: Step) -> str:
+        if len(step.calls) < 2:
+            return ""
+        if not all(c.finished for c in step.calls.values()):
+            return "did not return"
+        if step.slowest is not None:
+            return (f"rank {step.slowest} arrived last; the others waited about "
+                    f"{_about(step.total_wait)} in all")
+        return f"no straggler (all arrived within {STRAGGLER_GAP:g} s)"
+
+    def _p2p_lines(self) -> list[str]:
+        pairs: dict[tuple[int, int], list[Tensor]] = {}
+        for r in sorted(self.calls):
+            for c in self.calls[r]:
+                if c.kind != "p2p":
+                    continue
+                for direction, peer, tensors in c.batch or ((c.direction, c.peer, c.tensors),):
+                    if direction == "send" and peer is not None:
+                        pairs.setdefault((r, peer), []).extend(tensors)
+        return [f"send rank {a} -> rank {b}: {len(ts)} tensor{'s' if len(ts) != 1 else ''}, "
+                f"{_bytes_text(sum(t[2] for t in ts))}" for (a, b), ts in sorted(pairs.items())]
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/plain": self.summary()}
+
+    # -- picture --
+    def figure(self) -> Any:
+        """The timeline as a matplotlib ``Figure`` (no pyplot: it leaves the user's plots alone)."""
+        return _timeline_figure(self)
+
+    def timeline(self) -> TimelinePicture:
+        """The timeline as a PNG that displays in a notebook (and whose text form is deterministic)."""
+        import io
+
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        fig = self.figure()
+        FigureCanvasAgg(fig)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        n = self.n_calls
+        text = f"<pgnb timeline: {ranks_text(self.ranks)}, {n} call{'s' if n != 1 else ''}>"
+        return TimelinePicture(buf.getvalue(), text)
+
+
+def _runs(items: list[str]) -> list[str]:
+    """``[a, a, a, b]`` -> ``["a ×3", "b"]``."""
+    out: list[str] = []
+    i = 0
+    while i < len(items):
+        j = i
+        while j < len(items) and items[j] == items[i]:
+            j += 1
+        out.append(items[i] + (f" ×{j - i}" if j - i > 1 else ""))
+        i = j
+    return out
+
+
+def _differ(calls: list[Call]) -> str:
+    ops = {c.op for c in calls}
+    if len(ops) > 1:
+        return "different collectives"
+    if len({tuple(t[0] for t in c.tensors) for c in calls}) > 1:
+        return "different dtypes"
+    if len({tuple(t[1] for t in c.tensors) for c in calls}) > 1:
+        return "different shapes"
+    if len({c.roles for c in calls}) > 1:
+        return "different " + "/".join(sorted({k for c in calls for k, _ in c.roles}))
+    return ""
+
+
+def _clock_note(offsets: dict[int, ClockOffset]) -> str:
+    measured = [o for o in offsets.values() if o.measured]
+    if not measured:
+        return "clock offsets not measured"
+    fixed = [o for o in measured if o.correction]
+    if not fixed:
+        worst = max(o.uncertainty for o in measured)
+        return f"rank clocks agree with the kernel's within ± {worst * 1e3:.1f} ms (measured)"
+    return "clock offsets measured and corrected: " + ", ".join(
+        f"rank {o.rank} {_ms(o.offset)}" for o in sorted(fixed, key=lambda o: o.rank))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds:+.3f} s" if abs(seconds) >= 1 else f"{seconds * 1e3:+.1f} ms"
+
+
+class TimelinePicture:
+    """A PNG of a trace's timeline; its text form (which nbval compares) has no timings."""
+
+    def __init__(self, png: bytes, text: str) -> None:
+        self.png = png
+        self.text = text
+
+    def _repr_png_(self) -> bytes:
+        return self.png
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def save(self, path: str) -> None:
+        with open(path, "wb") as f:
+            f.write(self.png)
+
+
+# ---- the picture ------------------------------------------------------------------------
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+
+
+def _timeline_figure(tr: Trace) -> Any:
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    lanes = list(tr.ranks)
+    starts = [c.start for cs in tr.calls.values() for c in cs if c.start is not None]
+    origin = min([*tr.began.values(), *starts], default=tr.read_at)
+    ends = [c.end if c.end is not None else tr.read_at for cs in tr.calls.values() for c in cs]
+    ends += [c.done for cs in tr.calls.values() for c in cs if c.done is not None]
+    span = max([*ends, origin + 1e-3]) - origin
+    ops = sorted({c.op for cs in tr.calls.values() for c in cs})
+    colour = {op: _PALETTE[i % len(_PALETTE)] for i, op in enumerate(ops)}
+    fig = Figure(figsize=(10, 1.2 + 0.55 * len(lanes)), dpi=100)
+    ax = fig.add_subplot()
+    ymap = {r: i for i, r in enumerate(lanes)}
+    minw = span * 0.004  # a call of microseconds still shows as a sliver
+    labelled = 0
+    for r in lanes:
+        y = ymap[r]
+        ax.axhline(y, color="#e0e0e0", lw=0.8, zorder=0)
+        waiting: dict[str, list[tuple[float, float]]] = {}
+        working: dict[str, list[tuple[float, float]]] = {}
+        for c in tr.calls.get(r, []):
+            if c.start is None:
+                continue
+            s = c.start - origin
+            e = (c.end if c.end is not None else tr.read_at) - origin
+            w = min(c.wait, max(e - s, 0.0))
+            if w > 0:
+                waiting.setdefault(c.op, []).append((s, w))
+            working.setdefault(c.op, []).append((s + w, max(e - s - w, minw)))
+            if c.error or c.end is None:  # outlined in red: it raised, or never returned
+                ax.broken_barh([(s, max(e - s, minw))], (y - 0.3, 0.6), facecolors="none",
+                               edgecolors="#c62828", lw=1.5, zorder=3)
+            if c.done is not None and c.done - origin > e:
+                ax.plot([e, c.done - origin], [y, y], color=colour[c.op], lw=1, ls=":")
+            label = c.short() + (" (did not return)" if c.end is None else " (raised)" if c.error else "")
+            if (e - s) / span > 0.0095 * (len(label) + 2) and labelled < 200:  # only where it fits
+                labelled += 1
+                ax.text(s + (e - s) / 2, y, label, ha="center", va="center", fontsize=8, zorder=4)
+        # one collection per lane and op: thousands of calls draw as fast as a few
+        for op, segs in waiting.items():
+            ax.broken_barh(segs, (y - 0.3, 0.6), facecolors=colour[op], alpha=0.25, hatch="///",
+                           edgecolors=colour[op], lw=0, zorder=1)
+        for op, segs in working.items():
+            ax.broken_barh(segs, (y - 0.3, 0.6), facecolors=colour[op], lw=0, zorder=2)
+    # the last arrival of each collective where someone waited for it
+    for step in tr.steps:
+        if step.slowest is None:
+            continue
+        t = step.calls[step.slowest].start
+        if t is None:
+            continue
+        ys = [ymap[r] for r in step.calls if r in ymap]
+        ax.plot([t - origin] * 2, [min(ys) - 0.4, max(ys) + 0.4], color="#444", lw=1, ls="--")
+        ax.text(t - origin, min(ys) - 0.45, f"rank {step.slowest} arrives", fontsize=7, ha="center", va="bottom")
+    # calls a rank never made
+    for step in tr.steps:
+        if not step.mismatch:
+            continue
+        later = [c.start for c in step.calls.values() if c.start is not None]
+        x = (min(later) if later else tr.read_at) - origin
+        op = next(iter(step.calls.values())).op if step.calls else "call"
+        for r in [*step.missing, *step.untraced]:
+            if r in ymap:
+                ax.text(x, ymap[r], f"✗ never called {op} #{step.number}", color="#c62828", fontsize=8,
+                        va="center", ha="left", fontweight="bold")
+    ax.set_yticks(range(len(lanes)), [f"rank {r}" for r in lanes])
+    ax.set_ylim(len(lanes) - 0.5, -0.7)
+    ax.set_xlim(0, span * 1.02)
+    if span < 1.0:  # short cells read better in milliseconds
+        from matplotlib.ticker import FuncFormatter
+
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v * 1e3:g}"))
+        ax.set_xlabel("milliseconds since the cell started (kernel clock)")
+    else:
+        ax.set_xlabel("seconds since the cell started (kernel clock)")
+    note = _clock_note(tr.offsets)
+    ax.set_title(f"pgnb trace: {ranks_text(lanes)} · {note}", fontsize=9, loc="left")
+    handles = [Patch(color=colour[op], label=op) for op in ops]
+    if any(c.wait > 0 for cs in tr.calls.values() for c in cs):
+        handles.append(Patch(facecolor="white", edgecolor="#555", hatch="///", label="waiting for the last rank"))
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    if tr.problems:  # the first mismatch, in words, under the picture
+        import textwrap
+
+        text = textwrap.fill(tr.problems[0], 150)
+        lines = text.count("\n") + 1
+        fig.set_figheight(fig.get_figheight() + 0.2 * lines)
+        fig.text(0.01, 0.01, text, color="#c62828", fontsize=8, va="bottom", ha="left")
+        fig.tight_layout(rect=(0, 0.04 + 0.045 * lines, 1, 1))
+    else:
+        fig.tight_layout()
+    return fig
+
+
+# ---- recording a cell ---------------------------------------------------------------------
+class Recording:
+    """One traced cell: the offsets measured before it, the file names, and reading them back."""
+
+    def __init__(self, sb: Sandbox, ranks: list[int], trace_dir: str | None) -> None:
+        self.sb = sb
+        self.ranks = list(ranks)
+        self.dir = trace_dir
+        self.token = uuid.uuid4().hex[:12]
+        self.offsets = measure_offsets(sb, self.ranks)
+
+    def name(self, rank: int) -> str:
+        return f"trace-{self.token}-{rank}.jsonl"
+
+    def engine_args(self, rank: int) -> dict[str, Any]:
+        """The ``trace=`` argument of ``_engine.run_cell`` for ``rank``."""
+        return {"trace_dir": self.dir, "name": self.name(rank), "meta": {"rank": rank}}
+
+    def collect(self, running: Iterable[int]) -> Trace:
+        """Read every rank's records (a running rank's from its file; it cannot answer)."""
+        running = sorted(running)
+        calls: dict[int, list[Call]] = {}
+        began: dict[int, float] = {}
+        unreadable: dict[int, str] = {}
+        read_at = time.time()
+        for r in self.ranks:
+            records = self._records(r, running)
+            if records is None:
+                unreadable[r] = ("it runs on another host and is still busy" if r in running
+                                 else "its records could not be read")
+                continue
+            off = self.offsets.get(r)
+            calls[r], start = calls_from_records(r, records, off.correction if off else 0.0)
+            if start is not None:
+                began[r] = start
+        return Trace(self.ranks, calls, offsets=self.offsets, running=running, began=began, read_at=read_at,
+                     unreadable=unreadable)
+
+    def _records(self, rank: int, running: list[int]) -> list[dict[str, Any]] | None:
+        path = None if self.dir is None else os.path.join(self.dir, self.name(rank))
+        if path is not None and os.path.exists(path):
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            out = []
+            for line in data.split(b"\n"):
+                if line.strip():
+                    with contextlib.suppress(ValueError):  # a line being written right now
+                        out.append(json.loads(line))
+            return out
+        if rank in running:
+            return None
+        try:  # a rank on another host kept them in memory
+            eid = self.sb.engine_ids[rank]
+            return list(self.sb.client[eid].apply_async(_tracer.take).get(timeout=FETCH_TIMEOUT))
+        except Exception:
+            return None
+
+
+def execute(sb: Sandbox, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None,
+            label: int | None = None) -> CellResult:
+    """``Sandbox.execute`` with tracing: the result's ``trace`` is a ``Trace`` (also after a timeout)."""
+    from .cells import run_cell
+
+    return run_cell(sb, code, ranks=None if ranks is None else list(ranks), timeout=timeout, label=label,
+                    trace=True)
