@@ -210,7 +210,7 @@ class RankValues:
         diff = self.differs()
         cols = self._columns()
         th = "padding:2px 8px;text-align:center;font-weight:normal;color:#666"
-        out = ['<div class="pgnb-show" style="font-family:monospace;font-size:12px">',
+        out = ['<div class="pgnb-show" style="display:inline-block;font-family:monospace;font-size:12px">',
                f'<div style="margin-bottom:4px">{html.escape(self.header())}</div>',
                '<table style="border-collapse:collapse">', "<tr>", f'<th style="{th}">rank</th>']
         if diff:

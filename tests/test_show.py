@@ -1,0 +1,132 @@
+"""``pgnb.show`` / ``%pg_show``: one variable across ranks, as a grid (HTML) and a deterministic table.
+
+Rendering is tested on values made here (no engines); gathering from real
+ranks on the session's shared 4-rank world, through the API and the magic.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+import pgnb
+from pgnb.show import MAX_ELEMENTS, RankValues, colour, gather, summarize
+
+
+def view(values, name="x"):
+    return RankValues(name, tuple(range(len(values))), tuple(summarize(v) for v in values))
+
+
+# ---- rendering (no engines) ---------------------------------------------------------------
+def test_tensors_are_a_rank_by_element_table():
+    v = view([torch.arange(4.0) * r for r in range(3)], "t")
+    assert v.text() == ("t on ranks 0-2: float32[4]\n"
+                        "rank  [0]  [1]  [2]  [3]\n"
+                        "0     0.   0.   0.   0.\n"
+                        "1     0.   1.   2.   3.\n"
+                        "2     0.   2.   4.   6.")
+    assert repr(v) == v.text()
+
+
+def test_html_colours_every_cell_on_one_scale():
+    v = view([torch.tensor([0.0, 1.0]), torch.tensor([2.0, 4.0])])
+    html = v.html()
+    cells = re.findall(r"background:(#[0-9a-f]{6})", html)
+    assert cells[:4] == [f"#{''.join(f'{round(c * 255):02x}' for c in colour(x, 0, 4))}" for x in (0, 1, 2, 4)]
+    assert cells[0] != cells[3]  # low and high differ
+    assert html == view([torch.tensor([0.0, 1.0]), torch.tensor([2.0, 4.0])]).html()  # deterministic
+    bundle = v._repr_mimebundle_()
+    assert set(bundle) == {"text/plain", "text/html"} and bundle["text/plain"] == v.text()
+
+
+def test_differing_shapes_and_dtypes_are_flagged():
+    v = view([torch.ones(3), torch.ones(3), torch.ones(2), torch.ones(3)], "s")
+    lines = v.text().splitlines()
+    assert lines[0] == "s on ranks 0-3: shapes differ across ranks (rows marked !)"
+    assert lines[1].split() == ["rank", "type", "[0]", "[1]", "[2]"]
+    assert lines[4].split() == ["2!", "float32[2]", "1.", "1."]
+    assert view([torch.ones(2), torch.ones(2, dtype=torch.int64)]).differs() == "dtypes"
+    assert view([torch.ones(2), 3]).differs() == "types"
+    assert ";color:#c62828" in view([torch.ones(3), torch.ones(2), torch.ones(3)]).html()
+
+
+def test_scalars_strings_and_others_are_a_column():
+    assert view([0.5 * r for r in range(3)], "loss").text() == (
+        "loss on ranks 0-2: float\nrank  value\n0     0.\n1     0.5\n2     1.")
+    assert view(["a", "b"], "name").text() == "name on ranks 0, 1: str\nrank  value\n0     a\n1     b"
+    long = view(["x" * 100])
+    assert long.text().splitlines()[-1].endswith("x…")
+    assert view([np.float32(1.5), np.int64(2)]).rows[0] == {"kind": "scalar", "type": "float", "value": 1.5}
+    assert view([{"a": 1}]).text().splitlines()[-1] == "0     {'a': 1}"
+
+
+def test_long_tensors_show_their_head_and_a_count():
+    v = view([torch.arange(100)])
+    row = v.text().splitlines()[-1].split()
+    assert row[1:MAX_ELEMENTS + 1] == [str(i) for i in range(MAX_ELEMENTS)] and row[-2:] == ["…", "+84"]
+    assert summarize(torch.arange(100))["head"] == list(range(MAX_ELEMENTS))  # only the head travels
+
+
+def test_2d_tensors_label_columns_by_index_and_numpy_works():
+    v = view([np.arange(4).reshape(2, 2)])
+    assert v.text().splitlines()[1].split() == ["rank", "[0,0]", "[0,1]", "[1,0]", "[1,1]"]
+    assert v.header() == "x on rank 0: numpy int64[2,2]"
+
+
+def test_a_list_of_values_can_be_shown_directly():
+    v = gather([torch.ones(2), torch.zeros(2)])
+    assert v.ranks == (0, 1) and v.text().splitlines()[0] == "value on ranks 0, 1: float32[2]"
+
+
+# ---- real ranks -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ip(world4):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from pgnb.sandbox import current, set_current
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "pgnb")
+    before = current()
+    set_current(world4)
+    yield shell
+    set_current(before)
+
+
+def test_gathered_from_every_rank_through_api_and_magic(world4, ip):
+    assert world4.execute("shown = torch.arange(3.) * (rank + 1)\nword = 'r' * (rank + 1)").error() is None
+    expected = gather("shown", sandbox=world4)
+    assert expected.text() == ("shown on ranks 0-3: float32[3]\n"
+                               "rank  [0]  [1]  [2]\n"
+                               "0     0.   1.   2.\n"
+                               "1     0.   2.   4.\n"
+                               "2     0.   3.   6.\n"
+                               "3     0.   4.   8.")
+    with capture_output() as cap:
+        ip.run_line_magic("pg_show", "shown")
+    assert [o.data for o in cap.outputs] == [expected._repr_mimebundle_()]
+    with capture_output() as cap:
+        pgnb.show("word", ranks=[1, 3])
+    assert cap.outputs[0].data["text/plain"] == "word on ranks 1, 3: str\nrank  value\n1     rr\n3     rrrr"
+    with capture_output() as cap:
+        ip.run_line_magic("pg_show", "word --ranks 0-1")
+    assert cap.outputs[0].data["text/plain"].splitlines()[0] == "word on ranks 0, 1: str"
+
+
+def test_a_name_missing_on_some_ranks_is_shown_not_raised(world4, ip):
+    world4.execute("if rank == 2:\n    only_two = 7")
+    v = gather("only_two", sandbox=world4)
+    assert v.text() == ("only_two on ranks 0-3: int; not defined on ranks 0, 1, 3\n"
+                        "rank  value\n0     (not defined)\n1     (not defined)\n2     7\n3     (not defined)")
+    assert gather("nowhere", sandbox=world4).header() == "nowhere on ranks 0-3: not defined on any rank"
+
+
+def test_bad_input_is_one_line(ip):
+    for line, msg in (("1x", "plain name"), ("t --ranks 9", "names rank 9"), ("", "arguments")):
+        with pytest.raises(UsageError, match=msg):
+            ip.run_line_magic("pg_show", line)

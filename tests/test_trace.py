@@ -1,0 +1,301 @@
+"""``%%pg --trace``: recorded sequences, clock offsets, mismatches, the trace after --timeout.
+
+The first tests need no engines (records made by hand). The rest run on one
+module-scoped 4-rank gloo world, through the API (``pgnb.trace.execute``) and
+through ``%%pg --trace``. The tests that leave ranks stuck or dead come last,
+and the last one also checks the recovery (``%pg_init ... --force``).
+Tracing's cost is measured by ``benchmarks/trace_overhead.py``, not here;
+here "off" is checked structurally: nothing of torch.distributed is wrapped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+import pgnb
+from pgnb import _tracer, trace
+from pgnb.trace import ClockOffset, Trace, calls_from_records
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+# ---- no engines: records made by hand -------------------------------------------------
+def _call(i, op, t0, t1, shape=(4,), dtype="float32", group=(0, 1, 2, 3), **extra):
+    nbytes = 4 * math.prod(shape)
+    begin = {"e": "b", "i": i, "op": op, "kind": "coll", "g": list(group), "w": len(group) == 4,
+             "t": [[dtype, list(shape), nbytes]], "t0": t0, **extra}
+    end = [] if t1 is None else [{"e": "e", "i": i, "t1": t1}]
+    return [begin, *end]
+
+
+def _trace(per_rank, running=(), offsets=None):
+    calls = {}
+    for r, recs in per_rank.items():
+        off = offsets[r].correction if offsets else 0.0
+        calls[r], _ = calls_from_records(r, [{"e": "h", "t": 0.0}, *recs], off)
+    return Trace(sorted(per_rank), calls, offsets=offsets or {}, running=list(running), read_at=10.0)
+
+
+def test_a_straggler_is_named_and_the_others_waits_summed():
+    tr = _trace({r: _call(1, "all_reduce", 0.0 if r != 2 else 1.0, 1.01) for r in range(4)})
+    step = tr.steps[0]
+    assert step.slowest == 2 and step.total_wait == pytest.approx(3.0)
+    assert [c.wait for r in range(4) for c in tr.calls[r]] == pytest.approx([1.0, 1.0, 0.0, 1.0])
+    assert tr.summary() == ("trace of ranks 0-3: 1 call each, the same on every rank\n"
+                            "  #1  all_reduce(float32[4])  16 B  rank 2 arrived last; the others waited "
+                            "about 3 s in all")
+    assert tr.ok
+
+
+def test_close_arrivals_name_no_straggler_and_identical_calls_fold():
+    recs = {r: [x for i in range(1, 4) for x in _call(i, "all_reduce", i + 0.01 * r, i + 0.05)] for r in range(4)}
+    text = _trace(recs).summary()
+    assert "#1-#3  all_reduce(float32[4]) ×3  16 B  no straggler" in text
+
+
+def test_different_collectives_are_a_mismatch_naming_ranks_and_call():
+    recs = {r: _call(1, "all_reduce" if r < 2 else "broadcast", 0.0, None, **({"a": {"src": 0}} if r >= 2 else {}))
+            for r in range(4)}
+    tr = _trace(recs, running=range(4))
+    assert tr.problems == ["mismatch at call #1 on the world group: ranks 0, 1 called all_reduce(float32[4]); "
+                           "ranks 2, 3 called broadcast(float32[4], src=0) (different collectives)"]
+    assert not tr.ok
+
+
+def test_different_shapes_are_a_mismatch():
+    recs = {r: _call(1, "all_reduce", 0.0, None, shape=(4,) if r else (2,)) for r in range(4)}
+    assert "(different shapes)" in _trace(recs, running=range(4)).problems[0]
+
+
+def test_a_missing_call_says_who_never_called_it():
+    recs = {r: [x for i in range(1, 4 if r != 1 else 3) for x in _call(i, "all_reduce", i, i + 0.1 if i < 3 else None)]
+            for r in range(4)}
+    tr = _trace(recs, running=[0, 2, 3])
+    assert tr.problems == ["mismatch at call #3 on the world group: rank 1 never called all_reduce #3; "
+                           "ranks 0, 2, 3 are blocked in it"]
+    assert "rank 1: all_reduce(float32[4]) ×2" in tr.summary()
+    assert "rank 0: all_reduce(float32[4]) ×2, all_reduce(float32[4]) (did not return)" in tr.summary()
+
+
+def test_point_to_point_pairs_and_an_unanswered_send():
+    send = {"e": "b", "i": 1, "op": "send", "kind": "p2p", "dir": "send", "peer": 1, "g": [0, 1], "w": True,
+            "t": [["float32", [2], 8]], "t0": 0.0}
+    recv = dict(send, op="recv", dir="recv", peer=0, t0=0.5)
+    tr = _trace({0: [send, {"e": "e", "i": 1, "t1": 0.6}], 1: [recv, {"e": "e", "i": 1, "t1": 0.6}]})
+    assert tr.ok and "send rank 0 -> rank 1: 1 tensor, 8 B" in tr.summary()
+    tr = _trace({0: [send], 1: []}, running=[0])
+    assert tr.problems == ["mismatch at send #1 from rank 0 to rank 1: rank 0 called send and is blocked in it; "
+                           "rank 1 never received it"]
+
+
+def test_offsets_are_corrected_only_when_measured_beyond_their_uncertainty():
+    offsets = {0: ClockOffset(0, 0.0004, 0.002, 5), 1: ClockOffset(1, 5.0, 0.002, 5)}
+    assert offsets[0].correction == 0.0 and offsets[1].correction == 5.0
+    tr = _trace({0: _call(1, "all_reduce", 1.0, 1.1, group=(0, 1)), 1: _call(1, "all_reduce", 6.0, 6.1, group=(0, 1))},
+                offsets=offsets)
+    assert [tr.calls[r][0].start for r in (0, 1)] == pytest.approx([1.0, 1.0])
+
+
+def test_the_timeline_is_a_png_with_a_deterministic_text():
+    tr = _trace({r: _call(1, "all_reduce", 0.0 if r != 2 else 1.0, 1.01) for r in range(4)})
+    pic = tr.timeline()
+    assert pic._repr_png_().startswith(PNG)
+    assert repr(pic) == "<pgnb timeline: ranks 0-3, 4 calls>"
+
+
+# ---- real engines -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def world():
+    sb = pgnb.Sandbox(backend="gloo", world=4)
+    sb.start()
+    yield sb
+    sb.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ip(world):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from pgnb.sandbox import current, set_current
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "pgnb")
+    before = current()
+    set_current(world)
+    yield shell
+    set_current(before)
+
+
+def pg(shell, line, cell):
+    with capture_output() as cap:
+        try:
+            shell.run_cell_magic("pg", line, cell)
+            err = None
+        except UsageError as e:
+            err = e
+    return cap, err
+
+
+SEQUENCE = """\
+t = torch.ones(4) * rank
+dist.all_reduce(t)
+dist.broadcast(t, src=1)
+out = [torch.zeros(2, dtype=torch.int64) for _ in range(world_size)]
+dist.all_gather(out, torch.arange(2) + rank)
+if rank == 0:
+    dist.send(torch.ones(3), dst=3)
+elif rank == 3:
+    dist.recv(torch.zeros(3), src=0)
+g = dist.new_group([0, 1])
+if rank < 2:
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g)
+dist.barrier()
+"""
+
+
+def test_recorded_sequence_on_every_rank(world):
+    res = trace.execute(world, SEQUENCE)
+    assert res.error() is None
+    tr = res.trace
+    assert tr.ok and tr.problems == []
+    labels = {r: [c.label() for c in tr.calls[r]] for r in range(4)}
+    common = ["all_reduce(float32[4], op=SUM)", "broadcast(float32[4], src=1)", "all_gather(int64[2])"]
+    assert labels[0] == [*common, "send(float32[3], dst=3)", "all_reduce(float32[4], op=MAX, group=[0,1])", "barrier()"]
+    assert labels[1] == [*common, "all_reduce(float32[4], op=MAX, group=[0,1])", "barrier()"]
+    assert labels[2] == [*common, "barrier()"]
+    assert labels[3] == [*common, "recv(float32[3], src=0)", "barrier()"]
+    for r in range(4):
+        for c in tr.calls[r]:
+            assert c.finished and c.start is not None and c.start <= c.end
+        assert [c.index for c in tr.calls[r]] == list(range(1, len(tr.calls[r]) + 1))
+    assert tr.calls[0][0].nbytes == 16 and tr.calls[0][0].group == (0, 1, 2, 3)
+    text = tr.summary()
+    assert "send rank 0 -> rank 3: 1 tensor, 12 B" in text
+    assert text == trace.execute(world, SEQUENCE).trace.summary()  # deterministic: no timings
+
+
+def test_tracing_off_wraps_nothing(world):
+    check = "import pgnb._tracer as T\n(T.wrapped_names(), id(dist.all_reduce), id(dist.isend))"
+    before = world.execute(check).values
+    during = trace.execute(world, check).values
+    after = world.execute(check).values
+    assert all(names == [] for names, *_ in before + after)
+    assert all("all_reduce" in names and "isend" in names for names, *_ in during)
+    assert after == before  # the very same function objects: an untraced call runs no pgnb code
+
+
+def test_a_p2pop_made_while_tracing_still_works_afterwards(world):
+    code = ("peer = (rank + 1) % world_size, (rank - 1) % world_size\n"
+            "ops = [dist.P2POp(dist.isend, torch.ones(2), peer[0]), dist.P2POp(dist.irecv, torch.zeros(2), peer[1])]\n"
+            "for w in dist.batch_isend_irecv(ops):\n    w.wait()\n")
+    res = trace.execute(world, code)
+    assert res.error() is None and res.trace.ok
+    assert res.trace.calls[0][0].label() == "batch_isend_irecv(send to 1: float32[2], recv from 3: float32[2])"
+    res = world.execute("for w in dist.batch_isend_irecv(ops):\n    w.wait()\n")  # untraced now
+    assert res.error() is None
+
+
+def test_a_rank_without_the_trace_directory_keeps_its_records_for_the_kernel(world):
+    from pgnb import _engine
+
+    rec = trace.Recording(world, [0, 1, 2, 3], "/nonexistent/pgnb-trace-dir")  # as on another host
+    world.run(_engine.run_cell, "dist.all_reduce(torch.ones(3))", None, None, False, rec.engine_args(0))
+    tr = rec.collect([])
+    assert tr.ok and [c.label() for c in tr.calls[3]] == ["all_reduce(float32[3], op=SUM)"]
+
+
+def test_clock_offsets_are_measured_and_corrected(world):
+    world.run(_tracer.set_clock_skew, 5.0, ranks=[1])
+    world.run(_tracer.set_clock_skew, -3.0, ranks=[2])
+    try:
+        offsets = trace.measure_offsets(world)
+        assert offsets[1].offset == pytest.approx(5.0, abs=0.05)
+        assert offsets[2].offset == pytest.approx(-3.0, abs=0.05)
+        assert abs(offsets[0].offset) < 0.05 and offsets[0].uncertainty < 0.05
+        res = trace.execute(world, "import time\nif rank == 3:\n    time.sleep(0.7)\ndist.all_reduce(torch.ones(1))")
+        tr = res.trace
+        starts = {r: tr.calls[r][0].start for r in range(4)}
+        ends = {r: tr.calls[r][0].end for r in range(4)}
+        # on the kernel's clock the one all_reduce ends at the same moment on every rank
+        assert max(ends.values()) - min(ends.values()) < 0.1
+        assert abs(starts[1] - starts[0]) < 0.1 and abs(starts[2] - starts[0]) < 0.1
+        assert tr.steps[0].slowest == 3
+        assert "rank 3 arrived last" in tr.summary()
+    finally:
+        world.run(_tracer.set_clock_skew, 0.0)
+
+
+def test_magic_shows_summary_and_timeline_and_keeps_the_trace(ip):
+    cap, err = pg(ip, "--trace", "t = torch.ones(2)\ndist.all_reduce(t)\nprint(t)")
+    assert err is None
+    assert cap.stdout == "".join(f"[rank {r}]\ntensor([4., 4.])\n" for r in range(4))
+    summary, picture = cap.outputs
+    assert summary.data == {"text/plain": "trace of ranks 0-3: 1 call each, the same on every rank\n"
+                                          "  #1  all_reduce(float32[2], op=SUM)  8 B  "
+                                          "no straggler (all arrived within 0.5 s)"}
+    assert picture.data["text/plain"] == "<pgnb timeline: ranks 0-3, 4 calls>"
+    assert "image/png" in picture.data
+    assert isinstance(ip.user_ns["_pg_trace"], Trace)
+
+
+def test_different_collectives_on_real_ranks(world):
+    # a group with a short timeout: the mismatched ranks give up by themselves, the world stays usable
+    code = ("import datetime\ng = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1))\n"
+            "t = torch.ones(4)\nif rank == 0:\n    dist.all_reduce(t, group=g)\n"
+            "elif rank == 1:\n    dist.broadcast(t, src=0, group=g)\n")
+    res = trace.execute(world, code)
+    assert res.error() is not None
+    tr = res.trace
+    assert tr.problems[0] == ("mismatch at call #1 on group [0,1]: rank 0 called all_reduce(float32[4], op=SUM, "
+                              "group=[0,1]); rank 1 called broadcast(float32[4], src=0, group=[0,1]) "
+                              "(different collectives)")
+    assert "raised RuntimeError" in tr.summary()
+    assert world.execute("dist.all_reduce(torch.ones(1))").error() is None
+
+
+# ---- last: ranks left stuck, then dead, then recovered ------------------------------------
+SKIP_THIRD = """\
+t = torch.ones(4)
+for i in range(3):
+    if rank == 1 and i == 2:
+        break  # rank 1 skips the third all_reduce
+    dist.all_reduce(t)
+"""
+
+
+def test_the_trace_after_a_timeout_says_who_never_called(world, ip):
+    cap, err = pg(ip, "--trace --timeout 2", SKIP_THIRD)
+    assert err is not None and "still running after the 2 s --timeout" in str(err)
+    texts = [o.data["text/plain"] for o in cap.outputs]
+    assert texts[0].splitlines()[-1] == ("mismatch at call #3 on the world group: rank 1 never called "
+                                         "all_reduce #3; ranks 0, 2, 3 are blocked in it")
+    assert "rank 0: all_reduce(float32[4], op=SUM) ×2, all_reduce(float32[4], op=SUM) (did not return)" in texts[0]
+    assert "_tracer.py" not in ANSI.sub("", cap.stderr)  # the stacks show the cell, not pgnb's wrapper
+    from pgnb.cells import _CELLS
+
+    stack_dir = _CELLS[world].stack_dir.path
+    assert not [f for f in os.listdir(stack_dir) if f.startswith("trace-")]  # read, then removed
+
+
+def test_kill_a_rank_then_recover(world, ip):
+    with capture_output() as cap:
+        ip.run_line_magic("pg_kill", "2")
+    assert cap.stdout == "killed rank 2's engine (SIGKILL), as a crash or the out-of-memory killer would\n"
+    assert 2 in world.lost_ranks()
+    cap, err = pg(ip, "", "1")
+    assert err is not None and "rank 2 lost" in str(err)
+    with pytest.raises(UsageError, match="already lost"):
+        ip.run_line_magic("pg_kill", "2")
+    with pytest.raises(UsageError, match="no rank 9"):
+        ip.run_line_magic("pg_kill", "9")
+    with capture_output():
+        ip.run_line_magic("pg_init", "--backend gloo --world 4 --force")
+    cap, err = pg(ip, "--trace", "dist.all_reduce(torch.ones(1))")
+    assert err is None and ip.user_ns["_pg_trace"].ok
