@@ -113,11 +113,10 @@ def measure_offsets(sb: Sandbox, ranks: Iterable[int] | None = None,
 
 def _stamp(ar: Any, key: str, fallback: float) -> float:
     """An AsyncResult's metadata time (a datetime) as epoch seconds, or ``fallback``."""
+    import datetime
+
     value = getattr(ar, key, None)
-    try:
-        return float(value.timestamp())
-    except Exception:  # missing or not a datetime
-        return fallback
+    return float(value.timestamp()) if isinstance(value, datetime.datetime) else fallback
 
 
 # ---- what was recorded -------------------------------------------------------------
