@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psutil
+from ipyparallel import interactive
 
 __all__ = [
     "plain_engine_uss_after_torch",
@@ -117,9 +118,12 @@ def _rank_order(client: Any) -> list[int]:
 
 
 # --------------------------------------------------------------------------
-# engine-side functions (shipped by value: imports must be inside)
+# engine-side functions: @interactive ships them by value (run with the
+# engine's namespace as globals), so this module need not be importable
+# there; imports must be inside
 
 
+@interactive
 def _engine_init_process_group(rank: int, world: int, port: int) -> float:
     import datetime
     import os
@@ -142,13 +146,7 @@ def _engine_init_process_group(rank: int, world: int, port: int) -> float:
     return time.perf_counter() - start
 
 
-def _engine_destroy_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
+@interactive
 def _engine_uss() -> int:
     import psutil
 
@@ -250,17 +248,23 @@ def plain_ipyparallel_stop(n: int = 4, init_process_group: bool = True) -> dict[
     return {"stop": stop, "all_exited": stop + exited, "killed": float(killed)}
 
 
-def plain_engine_uss_after_torch() -> int:
-    """USS in bytes of one plain ipyparallel engine after ``import torch``."""
+def plain_engine_uss_after_torch(n: int = 1) -> int:
+    """USS in bytes of a plain ipyparallel engine after ``import torch``.
+
+    USS counts only pages no other process maps, so it depends on how many
+    other processes have torch loaded: start ``n`` engines, import torch on
+    all, and return the median engine's USS.  Compare like with like (same
+    ``n``, nothing else running torch).
+    """
     import ipyparallel as ipp
 
     with _temporary_ipython_dir():
         before = _descendants()
-        cluster = ipp.Cluster(n=1)
+        cluster = ipp.Cluster(n=n)
         try:
             client = cluster.start_and_connect_sync()
             client[:].execute("import torch", block=True)
-            uss = int(client[client.ids[0]].apply_sync(_engine_uss))
+            uss = int(statistics.median(client[:].apply_sync(_engine_uss)))
             client.close()
         finally:
             started = _descendants() - before
@@ -426,25 +430,32 @@ def main() -> None:
     import ipyparallel as ipp
 
     results: dict[str, Any] = {}
-    results["plain_ipyparallel_cold_init"] = plain_ipyparallel_cold_init(4)
-    results["plain_ipyparallel_stop"] = plain_ipyparallel_stop(4)
-    with _temporary_ipython_dir():
-        before = _descendants()
-        cluster = ipp.Cluster(n=4)
-        try:
-            client = cluster.start_and_connect_sync()
-            results["px_trivial_roundtrip"] = {
-                "magic": px_trivial_roundtrip(client, 30, via="magic"),
-                "execute": px_trivial_roundtrip(client, 30, via="execute"),
-            }
-            client.close()
-        finally:
-            started = _descendants() - before
-            cluster.stop_cluster_sync()
-            _wait_gone(started)
-            _reap_children()
-    results["torchrun_allreduce_bandwidth"] = torchrun_allreduce_bandwidth(4, 1 << 22, 20)
-    results["plain_engine_uss_after_torch"] = plain_engine_uss_after_torch()
+    # ipyparallel logs to stdout; keep stdout for the JSON alone
+    with contextlib.redirect_stdout(sys.stderr):
+        results["plain_ipyparallel_cold_init"] = plain_ipyparallel_cold_init(4)
+        results["plain_ipyparallel_stop"] = plain_ipyparallel_stop(4)
+        with _temporary_ipython_dir():
+            before = _descendants()
+            cluster = ipp.Cluster(n=4)
+            try:
+                client = cluster.start_and_connect_sync()
+                results["px_trivial_roundtrip"] = {
+                    "magic": px_trivial_roundtrip(client, 30, via="magic"),
+                    "execute": px_trivial_roundtrip(client, 30, via="execute"),
+                }
+                client.close()
+            finally:
+                started = _descendants() - before
+                cluster.stop_cluster_sync()
+                _wait_gone(started)
+                _reap_children()
+        results["torchrun_allreduce_bandwidth"] = torchrun_allreduce_bandwidth(
+            4, 1 << 22, 20
+        )
+        results["plain_engine_uss_after_torch"] = {
+            "n=1": plain_engine_uss_after_torch(1),
+            "n=4": plain_engine_uss_after_torch(4),
+        }
     json.dump(results, sys.stdout, indent=2)
     print()
 

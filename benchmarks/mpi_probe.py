@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psutil
+from ipyparallel import interactive
 from traitlets.config import Config
 
 # OpenMPI 4.1 refuses to run as root without both of these.
@@ -89,9 +90,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# ---- engine-side (shipped by value: imports inside)
+# ---- engine-side: @interactive ships them by value; imports inside
 
 
+@interactive
 def _engine_facts() -> dict[str, Any]:
     import os
 
@@ -111,6 +113,7 @@ def _engine_facts() -> dict[str, Any]:
     }
 
 
+@interactive
 def _engine_gloo_allreduce(rank: int, world: int, port: int) -> dict[str, Any]:
     import datetime
     import os
@@ -330,7 +333,9 @@ def main() -> None:
     wanted = sys.argv[1:]
     if wanted:
         probes = [p for p in probes if any(w in str(p["name"]) for w in wanted)]
-    reports = [probe(**p) for p in probes]  # type: ignore[arg-type]
+    # ipyparallel logs to stdout; keep stdout for the JSON alone
+    with contextlib.redirect_stdout(sys.stderr):
+        reports = [probe(**p) for p in probes]  # type: ignore[arg-type]
     json.dump(reports, sys.stdout, indent=2)
     print()
 
