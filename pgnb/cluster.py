@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
@@ -30,6 +30,8 @@ ENGINE_START_TIMEOUT = 120.0
 #: process is (not once it has written its connection files) and read those files themselves,
 #: so a zygote imports torch while the controller boots (~0.6-1 s less per cold start here).
 LOCAL_LAUNCHERS = ("local", "pgnb.fork")
+#: Launchers pgnb keeps on loopback (one machine). Others (slurm, ssh, pbs, ...) listen where the profile says.
+LOOPBACK_LAUNCHERS = (*LOCAL_LAUNCHERS, "mpi")
 
 _log = logging.getLogger("pgnb")
 # ipyparallel's Cluster logs from its own threads (engine output, "engine set stopped {...}"),
@@ -89,6 +91,26 @@ def local_engine_set() -> type:
     return _local_engine_set
 
 
+def mpi_environment(environ: Mapping[str, str] | None = None, is_root: bool | None = None) -> dict[str, str]:
+    """What ``mpiexec`` (OpenMPI 4) needs to start a notebook-sized world on one machine.
+
+    A laptop user asking for ``--launcher mpi --world 4`` on 2 cores expects it
+    to work: OpenMPI refuses more ranks than cores unless oversubscription is
+    allowed, and refuses root (containers, CI) without two variables. Set as
+    environment, not as ``--oversubscribe``/``--allow-run-as-root``
+    arguments, so another MPI (MPICH ignores ``OMPI_*``) is not handed
+    options it rejects. ``mca_base_env_list`` forwards pgnb's owner token to
+    ranks on other nodes too (OpenMPI passes the local environment on only
+    locally). A user's own settings in ``environ`` win.
+    """
+    environ = os.environ if environ is None else environ
+    root = (os.geteuid() == 0) if is_root is None else is_root
+    env = {"OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_mca_base_env_list": f"{OWNER_ENV};TORCH_CPP_LOG_LEVEL"}
+    if root:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return {k: v for k, v in env.items() if k not in environ}
+
+
 def _stop_sync_thread(cluster: Any) -> None:
     """Stop the event-loop thread ipyparallel started for this Cluster's ``*_sync`` calls.
 
@@ -105,6 +127,36 @@ def _stop_sync_thread(cluster: Any) -> None:
         if not thread.is_alive():
             loop.close()
             cluster._async_thread = None
+
+
+def _first_message(output: str) -> str:
+    """The first sentence of a launcher's complaint (mpiexec frames it in dashes, over several lines)."""
+    lines = [ln.strip() for ln in output.splitlines()]
+    words: list[str] = []
+    for ln in lines:
+        if not ln or set(ln) <= {"-", "="} or ln.startswith(("[IPEngine", "[IPController")):
+            if words:
+                break
+            continue
+        words.append(ln)
+        if ln.endswith((".", ":")):
+            break
+    return " ".join(words).rstrip(":")
+
+
+def _launcher_exited(engine_set: Any) -> bool:
+    """The launcher's process (mpiexec, srun, ...) is gone, whether or not its event loop has said so yet."""
+    if getattr(engine_set, "state", "running") == "after":
+        return True
+    proc = getattr(engine_set, "process", None)  # psutil.Process for process-based launchers
+    if proc is None or getattr(engine_set, "state", None) != "running":
+        return False
+    try:
+        import psutil
+
+        return bool(proc.status() == psutil.STATUS_ZOMBIE)
+    except Exception:  # psutil.NoSuchProcess: reaped already
+        return True
 
 
 def _private_file(path: str) -> None:
@@ -184,34 +236,8 @@ class EnginePool:
 
     def _start_controller(self, engines: int = 0) -> None:
         """Start the controller, then (``engines`` > 0, a local launcher) the engines, then connect."""
-        from traitlets.config import Config
-
-        token = self.reaper.token if self.reaper else ""
-        cfg = Config()
-        # every process pgnb launches carries the owner token, so the reaper can prove ownership
-        cfg.BaseLauncher.environment = {OWNER_ENV: token, "TORCH_CPP_LOG_LEVEL": "ERROR"}
-        cfg.EngineLauncher.engine_args = ["--log-level=WARN"]
         early = engines > 0 and self.launcher in LOCAL_LAUNCHERS
-        if early:  # the engine polls for the controller's connection file (10 s by default; a loaded machine)
-            cfg.EngineLauncher.engine_args.append(f"--IPEngine.wait_for_url_file={ENGINE_START_TIMEOUT:g}")
-        cfg.MPILauncher.mpi_args = ["--oversubscribe"] if self.launcher == "mpi" else []
-        kwargs: dict[str, Any] = dict(
-            engines=local_engine_set() if self.launcher == "local" else self.launcher,
-            delay=0,
-            controller_ip="127.0.0.1",
-            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN"],
-            log_level=logging.WARNING,
-            log=_ipp_log,
-            shutdown_atexit=False,  # pgnb stops its cluster itself, all engines at once
-            send_engines_connection_env=not early,  # True would wait for the controller's files first
-            config=cfg,
-        )
-        if self._profile_dir:
-            kwargs["profile_dir"] = self._profile_dir
-        try:
-            self.cluster = self._ipp.Cluster(**kwargs)
-        except Exception as e:  # traitlets rejects an unknown launcher name here
-            raise SpecError(f"ipyparallel has no engine launcher {self.launcher!r}: {e}") from None
+        self.cluster = self.make_cluster(engines)
         self._claim_files()
         with _quiet():
             self.cluster.start_controller_sync()
@@ -225,6 +251,48 @@ class EnginePool:
             preload.join()  # before any apply: both would fill ipyparallel's canning map
         with _quiet():
             self.client = self.cluster.connect_client_sync()
+
+    def make_cluster(self, engines: int = 0) -> Any:
+        """The ``ipyparallel.Cluster`` pgnb would start, not started yet.
+
+        The launcher name goes to ipyparallel as it is, and the profile's own
+        ``ipcluster_config.py`` (Slurm account, SSH hosts, mpiexec arguments...)
+        applies; pgnb adds only its owner token, log levels and, for launchers
+        whose engines run on this machine, a loopback-only controller.
+        """
+        from traitlets.config import Config
+
+        token = self.reaper.token if self.reaper else ""
+        cfg = Config()
+        # every process pgnb launches carries the owner token, so the reaper can prove ownership
+        cfg.BaseLauncher.environment = {OWNER_ENV: token, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        cfg.EngineLauncher.engine_args = ["--log-level=WARN"]
+        early = engines > 0 and self.launcher in LOCAL_LAUNCHERS
+        if early:  # the engine polls for the controller's connection file (10 s by default; a loaded machine)
+            cfg.EngineLauncher.engine_args.append(f"--IPEngine.wait_for_url_file={ENGINE_START_TIMEOUT:g}")
+        if self.launcher == "mpi":
+            # a more specific section replaces BaseLauncher's dict: carry the owner token over
+            cfg.MPILauncher.environment = {**cfg.BaseLauncher.environment, **mpi_environment()}
+        kwargs: dict[str, Any] = dict(
+            engines=local_engine_set() if self.launcher == "local" else self.launcher,
+            delay=0,
+            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN"],
+            log_level=logging.WARNING,
+            log=_ipp_log,
+            shutdown_atexit=False,  # pgnb stops its cluster itself, all engines at once
+            send_engines_connection_env=not early,  # True would wait for the controller's files first
+            config=cfg,
+        )
+        if self.launcher in LOOPBACK_LAUNCHERS:
+            kwargs["controller_ip"] = "127.0.0.1"
+        # else (slurm, ssh, pbs, ...): engines on other hosts must reach the controller, so where it
+        # listens is the profile's choice (c.Cluster.controller_ip): multi-host is the user's opt-in
+        if self._profile_dir:
+            kwargs["profile_dir"] = self._profile_dir
+        try:
+            return self._ipp.Cluster(**kwargs)
+        except Exception as e:  # traitlets rejects an unknown launcher name here
+            raise SpecError(f"ipyparallel has no engine launcher {self.launcher!r}: {e}") from None
 
     def _claim_files(self) -> None:
         """Before the controller writes anything: sweep up after dead owners, then mark this cluster as ours.
@@ -287,14 +355,13 @@ class EnginePool:
         if self.cluster is None:
             return
         sets = list(self.cluster.engines.values())
-        if sets and all(getattr(s, "state", "running") == "after" for s in sets):
+        if sets and all(_launcher_exited(s) for s in sets):
             output = ""
             with contextlib.suppress(Exception):
                 output = sets[-1].get_output()
-            last = output.strip().splitlines()[-1:] if output else []
             raise EngineStartError(
                 f"the {self.launcher!r} launcher's engines exited before registering"
-                + (f": {last[0].strip()}" if last else "")
+                + (f": {line}" if (line := _first_message(output)) else "")
             )
 
     # ---- facts about engines -----------------------------------------

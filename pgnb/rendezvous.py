@@ -43,7 +43,10 @@ def rank_order(engines: list[EngineInfo], world: int, use_launcher_rank: bool) -
     numbered its processes (MPI's COMM_WORLD rank, SLURM_PROCID): then the
     torch rank is that number, so ``mpiexec``'s rank and torch's agree.
     """
-    if use_launcher_rank and engines and all(e.launcher_rank is not None for e in engines):
+    numbered = [e.launcher_rank for e in engines]
+    # distinct numbers only: engines of two mpiexec runs (a grown world), or local engines that
+    # inherited the kernel's own SLURM_PROCID, do not number one world
+    if use_launcher_rank and engines and None not in numbered and len(set(numbered)) == len(numbered):
         ordered = sorted(engines, key=lambda e: (e.launcher_rank, e.engine_id))
     else:
         ordered = sorted(engines, key=lambda e: e.engine_id)

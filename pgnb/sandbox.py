@@ -337,7 +337,7 @@ class Sandbox:
             self._watch(infos)
             pool.warm_up(new)
         self._ranks = rank_order([self._known[i] for i in pool.ids()], spec.world,
-                                 use_launcher_rank=spec.launcher not in ("local", "pgnb.fork"))
+                                 use_launcher_rank=spec.attached or spec.launcher not in ("local", "pgnb.fork"))
         rows = [RankStatus(r, spec.world, spec.backend, "pending", host=e.host, pid=e.pid,
                            engine_id=e.engine_id, launcher_rank=e.launcher_rank)
                 for r, e in enumerate(self._ranks)]
