@@ -135,7 +135,10 @@ def init_rank(plan: dict[str, Any]) -> dict[str, Any]:
         index = plan["local_rank"] % torch.cuda.device_count()
         torch.cuda.set_device(index)
         device = f"cuda:{index}"
-        kwargs["device_id"] = torch.device(device)
+        import inspect
+
+        if "device_id" in inspect.signature(dist.init_process_group).parameters:  # torch >= 2.3
+            kwargs["device_id"] = torch.device(device)  # binds the NCCL communicator to this GPU eagerly
     if "rank" in plan:
         kwargs.update(rank=plan["rank"], world_size=plan["world_size"])
 
