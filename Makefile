@@ -12,7 +12,7 @@ export PGNB_REQUIRE_BROWSER
 # Debian packages the tests use (browser test, MPI launcher, network namespaces).
 APT_PACKAGES := chromium openmpi-bin libopenmpi-dev iproute2
 
-.PHONY: demo test venv test-venv system-deps bench soak lint clean
+.PHONY: demo test venv test-venv system-deps bench soak reliability lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,11 @@ test: test-venv
 	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest $(PYTEST_ARGS)
 
 soak: test-venv
-	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py
+	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py
+
+# docs/reliability.md (the README's reliability table) from a run of the reliability and soak tests
+reliability: test-venv
+	IPYTHONDIR=$$(mktemp -d) $(PY) tests/reliability_table.py --run-slow tests/test_reliability.py tests/test_soak.py
 
 bench: test-venv
 	IPYTHONDIR=$$(mktemp -d) $(PY) -m benchmarks

@@ -41,11 +41,11 @@ class Execution:
 
 
 class Kernel:
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.km = KernelManager(kernel_name="python3")
         # the kernel runs this interpreter, so it sees the same pgnb
         self.km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-        self.km.start_kernel(env=os.environ.copy())
+        self.km.start_kernel(env={**os.environ, **(env or {})})
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)

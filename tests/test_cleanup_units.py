@@ -1,0 +1,88 @@
+"""The pieces behind the reliability suite, without engines: the liveness watcher and the stale-state sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+from conftest import wait_gone
+
+from pgnb._liveness import Watcher, describe_exit, is_alive
+from pgnb.reaper import OWNER_ENV, cluster_files, state_path, sweep, write_state
+
+
+def test_describe_exit():
+    assert describe_exit(None) == "engine process died"
+    assert describe_exit(1) == "engine exited with status 1"
+    assert describe_exit(0) == "engine exited with status 0"
+    assert describe_exit(-signal.SIGKILL) == "engine killed by SIGKILL"
+    assert describe_exit(-signal.SIGSEGV) == "engine killed by SIGSEGV (segmentation fault)"
+    assert describe_exit(-200) == "engine killed by signal 200"
+
+
+def test_watcher_reports_each_death_once_with_its_cause():
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    statuses = {}
+    deaths = []
+    w = Watcher(lambda pid, cause: deaths.append((pid, cause, time.monotonic())), statuses.get, period=0.05)
+    try:
+        w.watch({p.pid: psutil.Process(p.pid).create_time() for p in procs})
+        w.unwatch([procs[2].pid])  # pgnb stops this one itself: not a loss
+        t0 = time.monotonic()
+        procs[0].kill()
+        statuses[procs[0].pid] = procs[0].wait()  # as the launcher's reaping thread records it
+        procs[2].kill()
+        procs[2].wait()
+        deadline = time.monotonic() + 2
+        while not deaths and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert [(pid, cause) for pid, cause, _ in deaths] == [(procs[0].pid, "engine killed by SIGKILL")]
+        assert deaths[0][2] - t0 < 0.5
+        assert is_alive(procs[1].pid, psutil.Process(procs[1].pid).create_time())
+        assert not is_alive(procs[1].pid, 1.0)  # a reused pid is not the process we watched
+    finally:
+        w.stop()
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert not any(t.name == "pgnb-liveness" for t in __import__("threading").enumerate())
+
+
+def test_sweep_removes_only_what_a_dead_owner_left(tmp_path):
+    profile = str(tmp_path / "profile_default")
+    # a dead owner: its state file names a process that is gone, and one of its processes lives on
+    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_owner.wait()
+    orphan = subprocess.Popen(["sleep", "60"], env={**os.environ, OWNER_ENV: "dead-token"})
+    os.makedirs(os.path.join(profile, "security"), mode=0o700)
+    os.makedirs(os.path.join(profile, "log"))
+    path = state_path(profile, "111-dead")
+    with open(path, "w") as f:
+        json.dump({"cluster_id": "111-dead", "profile_dir": profile, "token": "dead-token",
+                   "owner_pid": dead_owner.pid, "owner_started": 1.0}, f)
+    for name in ("security/cluster-111-dead.json", "security/ipcontroller-111-dead-client.json",
+                 "log/engines111-dead.json", "log/ipengine-111-dead-1-0.log"):
+        open(os.path.join(profile, name), "w").close()
+    # a live owner (this process) and a cluster pgnb did not write
+    live = write_state(profile, "222-live", "live-token")
+    open(os.path.join(profile, "security", "cluster-222-live.json"), "w").close()
+    open(os.path.join(profile, "security", "cluster-333-foreign.json"), "w").close()
+    try:
+        removed = sweep(profile)
+        assert wait_gone([orphan.pid], timeout=5) == []
+    finally:
+        orphan.kill()
+        orphan.wait()
+    assert sorted(os.path.basename(p) for p in removed) == sorted(
+        ["cluster-111-dead.json", "ipcontroller-111-dead-client.json", "engines111-dead.json",
+         "ipengine-111-dead-1-0.log", "pgnb-111-dead.json"])
+    assert cluster_files(profile, "111-dead") == []
+    assert os.path.exists(live) and oct(os.stat(live).st_mode & 0o777) == "0o600"
+    assert sorted(os.listdir(os.path.join(profile, "security"))) == [
+        "cluster-222-live.json", "cluster-333-foreign.json", "pgnb-222-live.json"]
