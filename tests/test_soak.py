@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 
@@ -103,3 +104,5 @@ def test_soak_cycles_leak_nothing(record_property):
             record_property(key, value)
         print(json.dumps(stats, indent=1))
         k.shutdown()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        shutil.rmtree(ipythondir, ignore_errors=True)
