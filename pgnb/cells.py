@@ -144,6 +144,7 @@ class CellResult:
                     ("stderr", _lines(syntax.traceback))]
         out: list[tuple[str, Any]] = []
         with_state = self.interrupted or any(r.state == "still running" for r in self.ranks)
+        peer_lost = any(r.state == "lost" for r in self.ranks)
         for r in self.ranks:
             if not with_state and r.state == "finished" and not (
                 r.stdout or r.stderr or r.outputs or r.result is not None
@@ -160,10 +161,13 @@ class CellResult:
             out.extend(("display", b) for b in r.outputs)
             if r.result is not None:
                 out.append(_value_piece(r))
+            echo = peer_lost and r.state == "failed" and not (self.interrupted and r.ename == "KeyboardInterrupt")
+            # a survivor's error echoes the lost peer; gloo words it by timing (closed, reset, read error)
+            last = f"{r.ename}: its connection to the lost peer broke (gloo's wording varies with timing)"
             if r.traceback:
-                out.append(("stderr", _lines(r.traceback)))
+                out.append(("stderr", _lines([*r.traceback[:-1], last] if echo else r.traceback)))
             elif r.state == "failed" and r.ename:
-                out.append(("stderr", f"{r.ename}: {r.evalue}\n"))
+                out.append(("stderr", (last if echo else f"{r.ename}: {r.evalue}") + "\n"))
             if r.stack:
                 out.append(("stderr", f"rank {r.rank} is blocked here (most recent call last):\n"
                             + _lines(r.stack)))
