@@ -31,19 +31,18 @@ class PgMagics(Magics):
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
-        self._views: deque[tuple[StatusView, Any]] = deque()
+        self._views: deque[StatusView] = deque()
 
     def _show_view(self, sb: Sandbox, live: bool, spec: WorldSpec | None = None) -> StatusView:
         view = StatusView(sb, live=live, spec=spec)
-        handle = display(view, display_id=True)
-        self._views.append((view, handle))
+        display(view)
+        self._views.append(view)
         while len(self._views) > LIVE_VIEWS:
-            # an old view becomes the static report of what it last showed, and its widgets are
-            # closed: ipywidgets would otherwise keep ~30 widgets per view for the kernel's life
-            old, old_handle = self._views.popleft()
+            # Old views are closed: ipywidgets would otherwise keep ~30 widgets per view for the
+            # kernel's life. Their outputs are not rewritten (an update_display would change what
+            # a saved notebook holds but not what nbval replays); the report under each stays.
+            old = self._views.popleft()
             old.detach()
-            if old_handle is not None:
-                old_handle.update(WorldReport(old.shown))
             old.close()
         return view
 
