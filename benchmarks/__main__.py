@@ -42,7 +42,7 @@ def plan(quick: bool) -> dict[str, Any]:
         return {"warmup": False, "rounds": 1, "rounds_w8_local": 0, "cell_repeats": 20, "reinit_cycles": 2,
                 "ar_rounds": 1, "sizes": [[1 << 20, 20, 3, 3], [1 << 24, 3, 1, 2]], "scale": 32}
     return {"warmup": True, "rounds": 3, "rounds_w8_local": 2, "cell_repeats": 60, "reinit_cycles": 4,
-            "ar_rounds": 2, "sizes": [[1 << 20, 40, 5, 5], [1 << 24, 5, 2, 3]], "scale": 32}
+            "ar_rounds": 3, "sizes": [[1 << 20, 40, 5, 5], [1 << 24, 5, 2, 3]], "scale": 32}
 
 
 def log(msg: str) -> None:
@@ -251,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         f.write(table)
     if args.update_readme:
         update_readme(table)
-    missed = [r["measure"] for r in rows if not r["met"]]
-    log(f"{len(rows) - len(missed)}/{len(rows)} rows meet their target" + (f"; missed: {missed}" if missed else ""))
+    targets = [r for r in rows if not r["target"].startswith("(")]
+    missed = [r["measure"] for r in targets if not r["met"]]
+    log(f"{len(targets) - len(missed)}/{len(targets)} targets met" + (f"; missed: {missed}" if missed else ""))
     return 0
 
 

@@ -402,6 +402,7 @@ def scale(world: int = 32) -> dict[str, Any]:
     t0 = time.perf_counter()
     init = _magic(ip, "pg_init", f"--backend gloo --world {world} --timeout 300")
     sb = _check_initialized(world)
+    phases = _phases(t0)
     engines, nannies, zygotes = _pgnb_processes(sb)
     memory = _memory_report(engines, nannies, zygotes)
     cell = ("t = torch.ones(1024) * (rank + 1)\n"
@@ -413,7 +414,7 @@ def scale(world: int = 32) -> dict[str, Any]:
     correct = ip.user_ns["_pg"] == [True] * world
     shutdown = _shutdown_timed(ip, sb)
     return {"world": world, "init": init, "allreduce_cell": allreduce, "allreduce_correct": correct,
-            "memory": memory, "phases": _phases(t0), **shutdown}
+            "memory": memory, "phases": phases, **shutdown}
 
 
 CASES: dict[str, Callable[..., dict[str, Any]]] = {
