@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -83,9 +84,13 @@ def ab(rounds: int, world: int) -> None:
 
 def profile(out: str) -> None:
     os.makedirs(out, exist_ok=True)
-    env = dict(os.environ, IPYTHONDIR=tempfile.mkdtemp(prefix="pgnb-profile-ipython-"))
+    ipython_dir = tempfile.mkdtemp(prefix="pgnb-profile-ipython-")
+    env = dict(os.environ, IPYTHONDIR=ipython_dir)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    subprocess.run([sys.executable, "-c", PROFILE, out], cwd=ROOT, env=env, check=True)
+    try:
+        subprocess.run([sys.executable, "-c", PROFILE, out], cwd=ROOT, env=env, check=True)
+    finally:
+        shutil.rmtree(ipython_dir, ignore_errors=True)
     print(f"profiles in {out}")
 
 
