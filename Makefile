@@ -42,7 +42,7 @@ test: test-venv
 soak: test-venv
 	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py
 
-# docs/reliability.md (the README's reliability table) from a run of the reliability and soak tests
+# the README's reliability table, from a run of the reliability and soak tests
 reliability: test-venv
 	IPYTHONDIR=$$(mktemp -d) $(PY) tests/reliability_table.py --run-slow tests/test_reliability.py tests/test_soak.py
 

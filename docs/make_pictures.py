@@ -1,4 +1,4 @@
-"""Make the pictures of docs/seeing_collectives.md: a trace timeline and a ``pgnb.show`` grid.
+"""Make the README's pictures of seeing collectives: a trace timeline and a ``pgnb.show`` grid.
 
     IPYTHONDIR=$(mktemp -d) python docs/make_pictures.py
 

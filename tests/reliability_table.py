@@ -1,6 +1,6 @@
 """Write the README's reliability table from what the suite checks, as a run found it.
 
-    python tests/reliability_table.py                 # runs tests/test_reliability.py -> docs/reliability.md
+    python tests/reliability_table.py                 # runs tests/test_reliability.py -> README.md
     python tests/reliability_table.py --run-slow tests/test_reliability.py tests/test_soak.py
 
 (``make reliability`` runs the second form.) Every row is one test of
@@ -24,7 +24,8 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-DEFAULT_OUT = os.path.join(ROOT, "docs", "reliability.md")
+README = os.path.join(ROOT, "README.md")
+BEGIN, END = "<!-- reliability:begin -->", "<!-- reliability:end -->"
 
 SECTIONS = [
     ("test_fault_", "Faults survived"),
@@ -122,8 +123,20 @@ def render(plugin: TablePlugin) -> str:
     return "\n".join(out) + "\n"
 
 
+def write_into_readme(table: str) -> None:
+    """Replace what stands between the README's reliability markers."""
+    with open(README) as f:
+        text = f.read()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    with open(README, "w") as f:
+        f.write(f"{head}{BEGIN}\n{table}{END}{tail}")
+
+
 def main(argv: list[str]) -> int:
-    out_path = DEFAULT_OUT
+    out_path = README
     if "-o" in argv:
         i = argv.index("-o")
         out_path = argv[i + 1]
@@ -135,9 +148,11 @@ def main(argv: list[str]) -> int:
     if not plugin.rows:
         print("no reliability tests ran; nothing written", file=sys.stderr)
         return int(code) or 1
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    with open(out_path, "w") as f:
-        f.write(render(plugin))
+    if out_path == README:
+        write_into_readme(render(plugin))
+    else:
+        with open(out_path, "w") as f:
+            f.write(render(plugin))
     print(f"wrote {out_path}")
     return int(code)
 

@@ -1,7 +1,7 @@
 """Faults survived, bad input refused, nothing leaked, loopback only (issue 7).
 
 Each test's docstring is one row of the README's reliability table
-(``python tests/reliability_table.py`` writes ``docs/reliability.md`` from a
+(``python tests/reliability_table.py`` writes the README's reliability table from a
 run): ``test_fault_*`` are faults survived, ``test_input_*`` bad input
 refused, ``test_security_*`` what a local world exposes.
 
