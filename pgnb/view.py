@@ -93,8 +93,17 @@ def _close_tree(w: W.Widget) -> None:
     for attr in ("layout", "style"):
         sub = getattr(w, attr, None)
         if isinstance(sub, W.Widget):
-            sub.close()
-    w.close()
+            _close_one(sub)
+    _close_one(w)
+
+
+def _close_one(w: W.Widget) -> None:
+    # a comm the kernel's comm manager no longer knows (closed by the front end, or a
+    # manager replaced since) is already closed as far as anyone can tell
+    try:
+        w.close()
+    except KeyError:
+        w.comm = None
 
 
 class StatusView(W.VBox):
@@ -134,8 +143,11 @@ class StatusView(W.VBox):
             _close_tree(w)
         for sub in (self.layout, getattr(self, "style", None)):
             if isinstance(sub, W.Widget):
-                sub.close()
-        super().close()
+                _close_one(sub)
+        try:
+            super().close()
+        except KeyError:  # see _close_one
+            self.comm = None
 
     def _on_change(self, sandbox: Sandbox) -> None:
         self.render(sandbox.snapshot())
