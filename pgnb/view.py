@@ -33,7 +33,7 @@ STATE_COLOURS = {
     "lost": "#6a1b9a",
 }
 COLUMNS = ("rank", "host", "pid", "device", "backend", "world", "state", "error")
-_WIDTHS = ("3em", "9em", "5em", "5em", "9em", "3.5em", "7em", "auto")
+_WIDTHS = ("6em", "9em", "5em", "5em", "9em", "3.5em", "7em", "auto")
 FINAL_PHASES = ("initialized", "failed", "destroyed", "shut down")
 
 
@@ -205,7 +205,11 @@ class StatusView(W.VBox):
         # the dot is decoration; keep the state cell's text exactly the state for tests and screen readers
         state = (f"<span style='color:{colour}'>&#9679;</span> "
                  f"<span class='pgnb-state' style='color:{colour};font-weight:bold'>{html.escape(r.state)}</span>")
-        values = [str(r.rank), html.escape(r.host or "-"), str(r.pid or "-"), html.escape(r.device or "-"),
+        rank = str(r.rank)
+        if r.launcher_rank is not None:  # MPI / Slurm numbered the process: show that torch agrees
+            rank += (f" <span class='pgnb-launcher-rank' style='opacity:.7' title='rank given by the "
+                     f"launcher (MPI COMM_WORLD rank or SLURM_PROCID)'>&middot; mpi {r.launcher_rank}</span>")
+        values = [rank, html.escape(r.host or "-"), str(r.pid or "-"), html.escape(r.device or "-"),
                   html.escape(r.backend), str(r.world_size), state,
                   f"<span class='pgnb-error' title='{html.escape(r.error)}'>{html.escape(r.error)}</span>"]
         return self._cells(values)

@@ -101,3 +101,11 @@ def test_updates_reuse_the_row_widgets(sb):
         sb._set_rows([RankStatus(r, 4, "gloo", state) for r in range(4)], phase="rendezvous")
     assert [w.model_id for w in view._rows_box.children] == before
     assert _states(view) == ["destroyed"] * 4
+
+
+def test_a_launcher_numbered_rank_shows_both_numbers(sb):
+    view = StatusView(sb)
+    sb._set_rows([RankStatus(r, 4, "gloo", "initialized", launcher_rank=r) for r in range(4)], phase="initialized")
+    assert all(f"mpi {r}" in w.value for r, w in enumerate(_rows(view)))
+    sb._set_rows([RankStatus(r, 4, "gloo", "initialized") for r in range(4)], phase="initialized")
+    assert not any("mpi" in w.value for w in _rows(view))
