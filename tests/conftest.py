@@ -80,3 +80,32 @@ def shell():
     if sb is not None:
         sb.shutdown()
     set_current(None)
+
+
+@pytest.fixture(scope="module")
+def ip(world):
+    """An IPython shell whose magics drive the requesting module's ``world``."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from pgnb.sandbox import current, set_current
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "pgnb")
+    before = current()
+    set_current(world)
+    yield shell
+    set_current(before)
+
+
+def pg(shell, line, cell):
+    """Run ``%%pg line`` with ``cell``; (captured output, the UsageError or None)."""
+    from IPython.core.error import UsageError
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as cap:
+        try:
+            shell.run_cell_magic("pg", line, cell)
+            err = None
+        except UsageError as e:
+            err = e
+    return cap, err

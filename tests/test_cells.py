@@ -15,8 +15,8 @@ import threading
 import time
 
 import pytest
+from conftest import pg
 from IPython.core.error import UsageError
-from IPython.utils.capture import capture_output
 
 import pgnb
 from pgnb.cells import CellInterrupted, RankValue, init_command, trim_stack
@@ -42,32 +42,6 @@ def world():
     stack_dir = _CELLS[sb].stack_dir.path if sb in _CELLS else None
     sb.shutdown()
     assert stack_dir is None or not os.path.exists(stack_dir)  # no stack files left behind
-
-
-@pytest.fixture(scope="module")
-def ip(world):
-    """An IPython shell whose magics drive the module's world."""
-    from IPython.core.interactiveshell import InteractiveShell
-
-    from pgnb.sandbox import current, set_current
-
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "pgnb")
-    before = current()
-    set_current(world)
-    yield shell
-    set_current(before)
-
-
-def pg(shell, line, cell):
-    """Run ``%%pg line`` with ``cell``; (captured output, the UsageError or None)."""
-    with capture_output() as cap:
-        try:
-            shell.run_cell_magic("pg", line, cell)
-            err = None
-        except UsageError as e:
-            err = e
-    return cap, err
 
 
 # ---- output, in rank order ------------------------------------------------

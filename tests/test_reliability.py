@@ -153,19 +153,6 @@ def world():
     sb.shutdown()
 
 
-@pytest.fixture(scope="module")
-def ip(world):
-    """An IPython shell whose magics drive the module's world."""
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "pgnb")
-    before = current()
-    set_current(world)
-    yield shell
-    set_current(before)
-
-
 @pytest.fixture
 def whole(world, ip):
     """The shared world, whole (a previous test's recovery may have failed)."""

@@ -15,6 +15,7 @@ import os
 import re
 
 import pytest
+from conftest import pg
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
@@ -117,30 +118,6 @@ def world():
     sb.start()
     yield sb
     sb.shutdown()
-
-
-@pytest.fixture(scope="module")
-def ip(world):
-    from IPython.core.interactiveshell import InteractiveShell
-
-    from pgnb.sandbox import current, set_current
-
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "pgnb")
-    before = current()
-    set_current(world)
-    yield shell
-    set_current(before)
-
-
-def pg(shell, line, cell):
-    with capture_output() as cap:
-        try:
-            shell.run_cell_magic("pg", line, cell)
-            err = None
-        except UsageError as e:
-            err = e
-    return cap, err
 
 
 SEQUENCE = """\
