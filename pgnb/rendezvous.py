@@ -96,7 +96,7 @@ def plans(
     uses_store_socket = spec.scheme in ("env", "tcp")
     delays = dict(spec.delay_ranks)
     out = []
-    for rank, (engine, local_rank) in enumerate(zip(ordered, local_ranks(ordered))):
+    for rank, (engine, local_rank) in enumerate(zip(ordered, local_ranks(ordered), strict=True)):
         env = {
             "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(port),

@@ -387,7 +387,8 @@ class Sandbox:
                 if self._reaper:
                     self._reaper.own_path(store_dir)
         rank_plans = plans(spec, self._ranks, master_addr, port, store_dir)
-        ars = [client[e.engine_id].apply_async(_engine.init_rank, p) for e, p in zip(self._ranks, rank_plans)]
+        ars = [client[e.engine_id].apply_async(_engine.init_rank, p)
+               for e, p in zip(self._ranks, rank_plans, strict=True)]
         deadline = time.monotonic() + spec.timeout + DEADLINE_SLACK
         pending = set(range(spec.world))
         while pending and time.monotonic() < deadline:
@@ -467,7 +468,7 @@ class Sandbox:
                    for r, e in enumerate(self._ranks) if e.engine_id in alive and r not in lost}
             deadline = time.monotonic() + timeout
             rows = list(self._snapshot.ranks)
-            for r, e in enumerate(self._ranks):
+            for r in range(len(self._ranks)):
                 if r not in ars:
                     rows[r] = replace(rows[r], state="lost", error=lost.get(r, "engine process is gone"))
                     continue

@@ -59,7 +59,7 @@ def status_table(snap: Snapshot) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     lines = [f"{header_text(snap)} | {summary_text(snap)}"]
     for row in rows:
-        cells = [c.ljust(w) for c, w in zip(row[:5], widths)]
+        cells = [c.ljust(w) for c, w in zip(row[:5], widths, strict=True)]
         line = "  ".join(cells)
         if row[5]:
             line += "  " + row[5]
@@ -165,7 +165,7 @@ class StatusView(W.VBox):
             while len(self._row_widgets) < len(snap.ranks):
                 self._row_widgets.append(W.HTML())
             rows = self._row_widgets[: len(snap.ranks)]
-            for w, r in zip(rows, snap.ranks):
+            for w, r in zip(rows, snap.ranks, strict=True):
                 w.value = self._row_html(r)
                 w._dom_classes = ("pgnb-row", f"pgnb-rank-{r.rank}", f"pgnb-is-{r.state}")
             if list(self._rows_box.children) != [self._title, *rows]:
@@ -198,7 +198,8 @@ class StatusView(W.VBox):
     def _cells(values: list[str], bold: bool = False) -> str:
         style = "display:inline-block;padding:0 .4em;white-space:nowrap;overflow:hidden;vertical-align:top"
         weight = ";font-weight:bold" if bold else ""
-        return "".join(f"<span style='{style};width:{w}{weight}'>{v}</span>" for v, w in zip(values, _WIDTHS))
+        return "".join(f"<span style='{style};width:{w}{weight}'>{v}</span>"
+                       for v, w in zip(values, _WIDTHS, strict=True))
 
     def _row_html(self, r: Any) -> str:
         colour = STATE_COLOURS.get(r.state, "#000")

@@ -13,8 +13,8 @@ if not os.environ.get("IPYTHONDIR", "").startswith(tempfile.gettempdir()):
 _here = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_here, os.environ.get("PYTHONPATH")) if p)
 
-import psutil
-import pytest
+import psutil  # noqa: E402  (IPYTHONDIR and PYTHONPATH must be set first)
+import pytest  # noqa: E402
 
 
 def pytest_addoption(parser):

@@ -6,7 +6,6 @@ import json
 import re
 
 import pytest
-
 from conftest import alive, wait_gone
 from kernel_util import Kernel
 
@@ -33,7 +32,8 @@ def test_notebook_session(kernel):
     assert ex.status == "ok", ex.text()
     widget, report = ex.outputs
     assert "application/vnd.jupyter.widget-view+json" in widget["data"]
-    assert widget["data"]["text/plain"] == "pgnb world: backend gloo, world 4, init env:// (live view; the outcome follows)"
+    assert widget["data"]["text/plain"] == (
+        "pgnb world: backend gloo, world 4, init env:// (live view; the outcome follows)")
     assert re.findall(r"^(\d)\s+4\s+gloo\s+cpu\s+initialized$", report["data"]["text/plain"], re.M) == list("0123")
     # the view changed while the cell ran: widget state updates went out as comm messages
     updates = [json.dumps(m.get("data", {})) for m in ex.comm_msgs]

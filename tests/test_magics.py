@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import wait_gone
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import pgnb
-from conftest import wait_gone
 
 BAD = [
     ({"world": 0}, "--world 0", "--world must be at least 1"),

@@ -19,9 +19,9 @@ import time
 import uuid
 
 import pytest
+from conftest import wait_gone
 
 import pgnb
-from conftest import wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 
@@ -37,7 +37,7 @@ def _remove_network() -> None:
     for ns in HOSTS:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
     subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, timeout=10)
-    for i, ns in enumerate(HOSTS):
+    for i in range(len(HOSTS)):
         subprocess.run(["ip", "link", "del", f"pgnbv{i}"], capture_output=True, timeout=10)
 
 

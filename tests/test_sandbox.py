@@ -6,9 +6,9 @@ import os
 import time
 
 import pytest
+from conftest import alive, wait_gone
 
 import pgnb
-from conftest import alive, wait_gone
 
 pytestmark = pytest.mark.integration
 
