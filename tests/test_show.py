@@ -85,17 +85,9 @@ def test_a_list_of_values_can_be_shown_directly():
 
 # ---- real ranks -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def ip(world4):
-    from IPython.core.interactiveshell import InteractiveShell
-
-    from pgnb.sandbox import current, set_current
-
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "pgnb")
-    before = current()
-    set_current(world4)
-    yield shell
-    set_current(before)
+def world(world4):
+    """The shared world of 4 drives conftest's ``ip`` shell here."""
+    return world4
 
 
 def test_gathered_from_every_rank_through_api_and_magic(world4, ip):
