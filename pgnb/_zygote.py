@@ -63,6 +63,7 @@ import struct
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 #: Imported before forking whatever ``--preload`` says: what an engine needs.
@@ -315,8 +316,7 @@ class Zygote:
         os.environ.update(spec["env"])
 
     def _become_engine(self, spec: dict[str, Any], nanny_sock: socket.socket | None) -> NoReturn:
-        code = 1
-        try:
+        def body() -> int:
             # Die with the zygote; the getppid check closes the race where the
             # zygote died between fork and prctl.
             if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
@@ -325,17 +325,9 @@ class Zygote:
                 os._exit(1)
             self._child_setup(spec)
             _reseed_numpy()
-            code = _run_engine(list(spec["argv"]), nanny_sock)
-        except SystemExit as e:
-            code = _system_exit_code(e)
-        except BaseException:
-            # sys.stderr may still be the kernel's OutStream: write to the log file itself.
-            traceback.print_exc(file=sys.__stderr__)
-            code = 1
-        finally:
-            _flush_stdio()
-            # Never return into the zygote's loop.
-            os._exit(code)
+            return _run_engine(list(spec["argv"]), nanny_sock)
+
+        _run_child(body)
 
     # -- forking nannies ------------------------------------------------------
 
@@ -377,8 +369,7 @@ class Zygote:
         self.nannies[pid] = key
 
     def _become_nanny(self, spec: dict[str, Any], payload: bytes, pipe_fd: int) -> NoReturn:
-        code = 1
-        try:
+        def body() -> int:
             # Like ipyparallel's nanny: its own session, no PR_SET_PDEATHSIG
             # (it outlives its engine just long enough to tell the controller).
             os.setsid()
@@ -388,15 +379,25 @@ class Zygote:
             kwargs = pickle.loads(payload)
             kwargs["pipe"] = os.fdopen(pipe_fd, "w", buffering=1)
             KernelNanny.main(**kwargs)
-            code = 0
-        except SystemExit as e:
-            code = _system_exit_code(e)
-        except BaseException:
-            traceback.print_exc(file=sys.__stderr__)
-            code = 1
-        finally:
-            _flush_stdio()
-            os._exit(code)
+            return 0
+
+        _run_child(body)
+
+
+def _run_child(body: Callable[[], int]) -> NoReturn:
+    """Run a forked child and leave with its exit code: never return into the zygote's loop."""
+    code = 1
+    try:
+        code = body()
+    except SystemExit as e:
+        code = _system_exit_code(e)
+    except BaseException:
+        # sys.stderr may still be the kernel's OutStream: write to the log file itself.
+        traceback.print_exc(file=sys.__stderr__)
+        code = 1
+    finally:
+        _flush_stdio()
+        os._exit(code)
 
 
 def _flush_stdio() -> None:

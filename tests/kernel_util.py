@@ -56,7 +56,12 @@ class Kernel:
 
     def execute(self, code: str, timeout: float = 120) -> Execution:
         t0 = time.monotonic()
-        msg_id = self.kc.execute(code)
+        ex = self.collect(self.kc.execute(code), timeout)
+        ex.seconds = time.monotonic() - t0
+        return ex
+
+    def collect(self, msg_id: str, timeout: float = 120) -> Execution:
+        """Everything the kernel sends for the request ``msg_id``, until it is idle, and its reply."""
         ex = Execution(status="")
         while True:
             msg = self.kc.get_iopub_msg(timeout=timeout)
@@ -74,10 +79,12 @@ class Kernel:
                                    "traceback": content["traceback"]})
             elif kind.startswith("comm"):
                 ex.comm_msgs.append(content)
-        reply = self.kc.get_shell_msg(timeout=timeout)
+        while True:  # replies to requests sent earlier (e.g. an interrupted cell's) come first
+            reply = self.kc.get_shell_msg(timeout=timeout)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
         ex.status = reply["content"]["status"]
         ex.reply = reply["content"]
-        ex.seconds = time.monotonic() - t0
         return ex
 
     def shutdown(self) -> None:

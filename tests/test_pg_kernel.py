@@ -72,7 +72,7 @@ def test_interrupt_stops_the_ranks_then_the_next_cell_runs(kernel):
     time.sleep(2.0)
     t0 = time.monotonic()
     kernel.km.interrupt_kernel()
-    ex = collect(kernel, msg_id)
+    ex = kernel.collect(msg_id)
     assert time.monotonic() - t0 < 5
     assert ex.status == "error" and ex.error["ename"] == "UsageError"
     assert ex.error["evalue"] == "interrupted: ranks 0, 1, 2, 3 stopped"
@@ -97,25 +97,3 @@ def test_hang_with_timeout_then_force_gives_a_working_world(kernel):
     assert ex.status == "ok", ex.text()
     ex = kernel.execute(ALL_REDUCE)
     assert ex.status == "ok" and streams(ex, "stdout") == EXPECTED
-
-
-def collect(k: Kernel, msg_id: str, timeout: float = 60) -> Execution:
-    """What ``Kernel.execute`` gathers, for a request sent earlier."""
-    ex = Execution(status="")
-    while True:
-        msg = k.kc.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "status" and content["execution_state"] == "idle":
-            break
-        if kind == "stream":
-            ex.outputs.append({"type": kind, "name": content["name"], "text": content["text"]})
-        elif kind in ("display_data", "execute_result"):
-            ex.outputs.append({"type": kind, "data": content["data"]})
-    while True:
-        reply = k.kc.get_shell_msg(timeout=timeout)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            break
-    ex.status, ex.reply = reply["content"]["status"], reply["content"]
-    return ex
