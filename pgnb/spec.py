@@ -97,9 +97,6 @@ class WorldSpec:
             parts.append(f"group {self.group_name!r}")
         return ", ".join(parts)
 
-    def same_world(self, other: WorldSpec) -> bool:
-        return self == other
-
     def with_(self, **changes: object) -> WorldSpec:
         return replace(self, **changes)  # type: ignore[arg-type]
 

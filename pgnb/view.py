@@ -153,13 +153,7 @@ class StatusView(W.VBox):
         self.render(sandbox.snapshot())
 
     # ---- drawing -------------------------------------------------------
-    @property
-    def shown(self) -> Snapshot:
-        """The snapshot this view shows now (its last render)."""
-        return self._shown
-
     def render(self, snap: Snapshot) -> None:
-        self._shown = snap
         with self.hold_sync():
             self._header.value = self._header_html(snap)
             while len(self._row_widgets) < len(snap.ranks):
