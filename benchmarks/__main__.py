@@ -4,11 +4,14 @@ Each measurement runs in a fresh Python process with a fresh temporary
 IPYTHONDIR (``benchmarks/_cases.py``); pgnb and its baseline are interleaved
 round by round so background load hits both alike. Prints medians and the
 ratio of each row against its target, writes ``benchmarks/results/latest.json``
-(every sample) and ``benchmarks/results/latest.md`` (the table the README shows).
+(every sample) and ``benchmarks/results/latest.md`` (the table docs/performance.md shows).
 
     python -m benchmarks                 # the full run (~6-8 min on 2 idle cores)
     python -m benchmarks --quick         # one sample of each, smaller loops (~2-3 min)
-    python -m benchmarks --update-readme # also replace the README's results table
+    python -m benchmarks --update-docs   # also replace the table in docs/performance.md
+
+``--update-docs`` replaces only what stands between the page's ``<!-- bench:begin -->``
+and ``<!-- bench:end -->`` markers (``--update-readme`` is an old name for it).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import psutil
 from benchmarks._runner import ROOT, run_case
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-README = os.path.join(ROOT, "README.md")
+PAGE = os.path.join(ROOT, "docs", "performance.md")
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
@@ -215,14 +218,15 @@ def machine(quick: bool) -> dict[str, Any]:
             "commit": commit}
 
 
-def update_readme(table: str) -> None:
-    with open(README) as f:
+def update_docs(table: str) -> None:
+    """Replace what stands between docs/performance.md's bench markers."""
+    with open(PAGE) as f:
         text = f.read()
     if BEGIN not in text or END not in text:
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers")
+        raise SystemExit(f"{os.path.relpath(PAGE, ROOT)} has no {BEGIN} ... {END} markers")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    with open(README, "w") as f:
+    with open(PAGE, "w") as f:
         f.write(f"{head}{BEGIN}\n{table}{END}{tail}")
 
 
@@ -230,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one sample of each row, smaller loops")
     parser.add_argument("--out", default=RESULTS, help="folder for latest.json and latest.md")
-    parser.add_argument("--update-readme", action="store_true", help="put the table into README.md")
+    parser.add_argument("--update-docs", "--update-readme", dest="update_docs", action="store_true",
+                        help="also put the table into docs/performance.md (--update-readme: old name)")
     args = parser.parse_args(argv)
 
     p = plan(args.quick)
@@ -249,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         f.write("\n")
     with open(os.path.join(args.out, "latest.md"), "w") as f:
         f.write(table)
-    if args.update_readme:
-        update_readme(table)
+    if args.update_docs:
+        update_docs(table)
     targets = [r for r in rows if not r["target"].startswith("(")]
     missed = [r["measure"] for r in targets if not r["met"]]
     log(f"{len(targets) - len(missed)}/{len(targets)} targets met" + (f"; missed: {missed}" if missed else ""))

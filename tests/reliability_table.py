@@ -1,9 +1,12 @@
-"""Write the README's reliability table from what the suite checks, as a run found it.
+"""Write docs/reliability.md's tables from what the suite checks, as a run found it.
 
-    python tests/reliability_table.py                 # runs tests/test_reliability.py -> README.md
+    python tests/reliability_table.py                 # runs tests/test_reliability.py -> docs/reliability.md
     python tests/reliability_table.py --run-slow tests/test_reliability.py tests/test_soak.py
+    python tests/reliability_table.py -o table.md     # write the tables to a file of their own instead
 
-(``make reliability`` runs the second form.) Every row is one test of
+(``make reliability`` runs the second form.) Only what stands between the
+page's ``<!-- reliability:begin -->`` and ``<!-- reliability:end -->`` markers
+is replaced. Every row is one test of
 ``test_fault_*`` (faults survived), ``test_input_*`` (bad input refused),
 ``test_security_*`` or ``test_soak_*``: its docstring says what is checked, the
 last column what this run found. Figures a test recorded with
@@ -24,7 +27,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-README = os.path.join(ROOT, "README.md")
+PAGE = os.path.join(ROOT, "docs", "reliability.md")
 BEGIN, END = "<!-- reliability:begin -->", "<!-- reliability:end -->"
 
 SECTIONS = [
@@ -99,10 +102,8 @@ def _result(row: Row) -> str:
 
 def render(plugin: TablePlugin) -> str:
     out = [
-        "## Reliability",
-        "",
         "What pgnb survives and refuses, one row per test of `tests/test_reliability.py` and "
-        "`tests/test_soak.py`; this file is written by `python tests/reliability_table.py` "
+        "`tests/test_soak.py`; the tables below are written by `python tests/reliability_table.py` "
         f"(last run: {time.strftime('%Y-%m-%d')}, {platform.system()} {platform.machine()}, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}).",
     ]
@@ -110,7 +111,7 @@ def render(plugin: TablePlugin) -> str:
         rows = [r for r in plugin.rows.values() if r.name.startswith(prefix)]
         if not rows:
             continue
-        out += ["", f"### {title}", "", "| What is checked | Test | Result |", "|---|---|---|"]
+        out += ["", f"## {title}", "", "| What is checked | Test | Result |", "|---|---|---|"]
         for r in rows:
             doc = r.doc.replace("|", "\\|")
             out.append(f"| {doc} | `{r.name}` | {_result(r)} |")
@@ -123,20 +124,20 @@ def render(plugin: TablePlugin) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_into_readme(table: str) -> None:
-    """Replace what stands between the README's reliability markers."""
-    with open(README) as f:
+def write_into_page(table: str) -> None:
+    """Replace what stands between docs/reliability.md's reliability markers."""
+    with open(PAGE) as f:
         text = f.read()
     if BEGIN not in text or END not in text:
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers")
+        raise SystemExit(f"{os.path.relpath(PAGE, ROOT)} has no {BEGIN} ... {END} markers")
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
-    with open(README, "w") as f:
+    with open(PAGE, "w") as f:
         f.write(f"{head}{BEGIN}\n{table}{END}{tail}")
 
 
 def main(argv: list[str]) -> int:
-    out_path = README
+    out_path = PAGE
     if "-o" in argv:
         i = argv.index("-o")
         out_path = argv[i + 1]
@@ -148,8 +149,8 @@ def main(argv: list[str]) -> int:
     if not plugin.rows:
         print("no reliability tests ran; nothing written", file=sys.stderr)
         return int(code) or 1
-    if out_path == README:
-        write_into_readme(render(plugin))
+    if out_path == PAGE:
+        write_into_page(render(plugin))
     else:
         with open(out_path, "w") as f:
             f.write(render(plugin))
