@@ -170,10 +170,10 @@ def _pgnb_processes(sb: Any) -> tuple[list[int], list[int], list[int]]:
 
     A nanny is its engine's child (``local``) or the zygote's child that is not an engine (``fork``).
     """
-    engines = [e.pid for e in sb._ranks]
+    engines = [e.pid for e in sb.rank_infos]
     nannies = [c for pid in engines for c in _children(pid)]
     zygotes = []
-    cluster = sb._pool.cluster if sb._pool else None
+    cluster = sb.cluster
     for es in (cluster.engines.values() if cluster else []):
         if getattr(es, "zygote_pid", -1) > 0:
             zygotes.append(es.zygote_pid)
@@ -201,12 +201,12 @@ def pgnb_cold(world: int = 4, launcher: str = "fork", overlap: bool = True, hear
     files (pgnb before it overlapped them); ``heartbeat_ms`` overrides pgnb's heartbeat period.
     Both exist to measure what they change (``benchmarks/profile_init.py``).
     """
-    import pgnb.cluster
+    import pgnb.core.cluster
 
     if not overlap:
-        pgnb.cluster.LOCAL_LAUNCHERS = ()
+        pgnb.core.cluster.LOCAL_LAUNCHERS = ()
     if heartbeat_ms:
-        pgnb.cluster.HEARTBEAT_MS = heartbeat_ms
+        pgnb.core.cluster.HEARTBEAT_MS = heartbeat_ms
     ip = _shell()
     _trace_phases()
     line = f"--backend gloo --world {world} --launcher {launcher}"
@@ -223,7 +223,7 @@ _TRACE: list[tuple[float, str, int]] = []
 
 def _trace_phases() -> None:
     """Record when the world enters each phase (what its views are told), to split the init time."""
-    from pgnb.sandbox import Sandbox
+    from pgnb.core.sandbox import Sandbox
 
     publish = Sandbox._publish
 

@@ -31,7 +31,7 @@ def measure(world: int = 4, repeats: int = 50, warmup: int = 5) -> dict[str, Any
     from traitlets.config import Config
 
     import pgnb
-    from pgnb.sandbox import set_current
+    from pgnb.notebook.current import set_current
 
     config = Config()
     config.HistoryManager.enabled = False  # no history database in the temporary IPYTHONDIR

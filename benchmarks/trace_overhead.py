@@ -5,11 +5,11 @@ the calling thread's CPU time (which other load on the machine disturbs less),
 median and minimum over the samples:
 
 * **wrapper** -- one process, a gloo world of 1, ``all_reduce`` of one float
-  in a tight loop: untraced, traced (``pgnb._tracer.start`` ... ``stop``,
+  in a tight loop: untraced, traced (``pgnb.rank.tracer.start`` ... ``stop``,
   writing its trace file as ``%%pg --trace`` does), and untraced again after
   the trace. No network, so the difference is the wrapper's own cost.
 * **world** -- a real 4-rank pgnb world: the same loop in a ``%%pg`` cell run
-  plain (``Sandbox.execute``) and traced (``pgnb.trace.execute``),
+  plain (``Sandbox.execute``) and traced (``Sandbox.execute(trace=True)``),
   interleaved round by round; each rank times its own loop, the median over
   ranks and rounds is reported.
 
@@ -57,7 +57,7 @@ def wrapper(calls: int, rounds: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from pgnb import _tracer
+    from pgnb.rank import tracer as _tracer
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     store = dist.HashStore()
@@ -115,17 +115,16 @@ def _compare(off: list[tuple[float, float]], on: list[tuple[float, float]]) -> d
 def world(n_ranks: int, calls: int, rounds: int) -> dict[str, Any]:
     """The same loop on every rank of a real world: plain cell vs traced cell, interleaved."""
     import pgnb
-    from pgnb import trace
 
     code = LOOP.format(n=calls)
-    check = "import pgnb._tracer as T\n(T.wrapped_names(), id(dist.all_reduce))"
+    check = "import pgnb.rank.tracer as T\n(T.wrapped_names(), id(dist.all_reduce))"
     per: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
     with pgnb.Sandbox(backend="gloo", world=n_ranks) as sb:
         ids_before = [v[1] for v in sb.execute(check).values]
         sb.execute(code)  # warm-up
         for _ in range(rounds):
             for mode in ("off", "on"):
-                res = trace.execute(sb, code) if mode == "on" else sb.execute(code)
+                res = sb.execute(code, trace=mode == "on")
                 err = res.error()
                 if err is not None:
                     raise err

@@ -1,4 +1,4 @@
-"""Make the README's pictures of seeing collectives: a trace timeline and a ``pgnb.show`` grid.
+"""Make the docs' pictures of seeing collectives: a trace timeline and a ``pgnb.show`` grid.
 
     IPYTHONDIR=$(mktemp -d) python docs/make_pictures.py
 
@@ -52,21 +52,22 @@ def screenshot(html: str, path: str) -> None:
 def main() -> int:
     os.environ.setdefault("IPYTHONDIR", tempfile.mkdtemp(prefix="pgnb-pictures-"))
     import pgnb
-    from pgnb import trace
-    from pgnb.show import gather
+    from pgnb.core.show import gather
+    from pgnb.core.timeline import timeline
+    from pgnb.notebook.show import to_html
 
     with pgnb.Sandbox(backend="gloo", world=4) as sb:
-        res = trace.execute(sb, STRAGGLER)
+        res = sb.execute(STRAGGLER, trace=True)
         if res.error() is not None:
             raise res.error()
         print(res.trace.summary())
-        res.trace.timeline().save(os.path.join(HERE, "trace_timeline.png"))
+        timeline(res.trace).save(os.path.join(HERE, "trace_timeline.png"))
         err = sb.execute(VALUES).error()
         if err is not None:
             raise err
-        view = gather("t", sandbox=sb)
+        view = gather("t", world=sb)
         print(view.text())
-        screenshot(view.html(), os.path.join(HERE, "show_grid.png"))
+        screenshot(to_html(view), os.path.join(HERE, "show_grid.png"))
     return 0
 
 

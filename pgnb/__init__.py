@@ -2,52 +2,86 @@
 
 ``%load_ext pgnb`` then ``%pg_init --backend gloo --world 4``; or, from plain
 Python, ``with pgnb.Sandbox(backend="gloo", world=4) as sb: ...``.
+
+The public names resolve lazily (PEP 562): an engine, the zygote or the
+reaper that imports ``pgnb.rank`` or ``pgnb.procs`` loads nothing of the
+kernel side.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from .errors import (
-    BackendUnavailable,
-    CellTimeout,
-    EngineStartError,
-    InitError,
-    InitTimeout,
-    NotStartedError,
-    PgnbError,
-    RankError,
-    RankLost,
-    SpecError,
-)
-from .sandbox import RankStatus, Sandbox, current
-from .show import show
-from .spec import WorldSpec
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BackendUnavailable",
-    "CellTimeout",
-    "EngineStartError",
-    "InitError",
-    "InitTimeout",
-    "NotStartedError",
-    "PgnbError",
-    "RankError",
-    "RankLost",
-    "RankStatus",
-    "Sandbox",
-    "SpecError",
-    "WorldSpec",
-    "current",
-    "show",
-    "load_ipython_extension",
-]
+#: public name -> the module that defines it
+_PUBLIC = {
+    "Sandbox": "pgnb.core.sandbox",
+    "RankStatus": "pgnb.core.world",
+    "Snapshot": "pgnb.core.world",
+    "WorldSpec": "pgnb.spec",
+    "CellResult": "pgnb.core.results",
+    "RankValue": "pgnb.core.results",
+    "CellInterrupted": "pgnb.core.results",
+    "Trace": "pgnb.core.trace",
+    "current": "pgnb.notebook.current",
+    "show": "pgnb.notebook.show",
+    "PgnbError": "pgnb.errors",
+    "SpecError": "pgnb.errors",
+    "BackendUnavailable": "pgnb.errors",
+    "NotStartedError": "pgnb.errors",
+    "EngineStartError": "pgnb.errors",
+    "InitError": "pgnb.errors",
+    "InitTimeout": "pgnb.errors",
+    "RankError": "pgnb.errors",
+    "CellTimeout": "pgnb.errors",
+    "RankLost": "pgnb.errors",
+}
+#: ``pgnb.cells.RankValue`` was documented before the package was laid out by process
+_MODULE_ALIASES = {"cells": "pgnb.core.results"}
+
+__all__ = [*_PUBLIC, "load_ipython_extension"]
+
+if TYPE_CHECKING:
+    from .core.results import CellInterrupted, CellResult, RankValue
+    from .core.sandbox import Sandbox
+    from .core.trace import Trace
+    from .core.world import RankStatus, Snapshot
+    from .errors import (
+        BackendUnavailable,
+        CellTimeout,
+        EngineStartError,
+        InitError,
+        InitTimeout,
+        NotStartedError,
+        PgnbError,
+        RankError,
+        RankLost,
+        SpecError,
+    )
+    from .notebook.current import current
+    from .notebook.show import show
+    from .spec import WorldSpec
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    elif name in _MODULE_ALIASES:
+        value = importlib.import_module(_MODULE_ALIASES[name])
+    else:
+        raise AttributeError(f"module 'pgnb' has no attribute {name!r}")
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])
 
 
 def load_ipython_extension(ip: Any) -> None:
     """``%load_ext pgnb``: register the magics on this shell."""
-    from .magics import PgMagics
+    from .notebook.magics import PgMagics
 
     ip.register_magics(PgMagics(ip))

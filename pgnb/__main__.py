@@ -16,8 +16,8 @@ def _all_reduce_rank() -> str:
 
 
 def demo(world: int, backend: str) -> int:
-    from . import Sandbox
-    from .view import status_table
+    from .core.report import status_table
+    from .core.sandbox import Sandbox
 
     print(f"pgnb demo: starting a {backend} world of {world} ranks ...", flush=True)
     with Sandbox(backend=backend, world=world) as sb:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 #: What every recovery hint points at.
 RECOVER_HINT = "run `%pg_init ... --force` (Sandbox.start(force=True)) to restart the engines"
+#: Said by every entry point that needs a world when there is none.
+NOT_STARTED = "no process group yet: run %pg_init first (e.g. %pg_init --backend gloo --world 2), or Sandbox.start()"
 
 
 class PgnbError(Exception):
@@ -35,6 +37,9 @@ class BackendUnavailable(SpecError):
 
 class NotStartedError(PgnbError):
     """There is no world to talk to yet."""
+
+    def __init__(self, message: str = NOT_STARTED) -> None:
+        super().__init__(message)
 
 
 class EngineStartError(PgnbError):

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, replace
+import shlex
+from collections.abc import Callable
+from dataclasses import Field, dataclass, field, fields, replace
+from typing import Any
 from urllib.parse import urlparse
 
 from .errors import BackendUnavailable, SpecError
@@ -45,22 +48,47 @@ def local_world_limit() -> int:
     return max(1, total // _BYTES_PER_LOCAL_RANK)
 
 
+def _option(default: Any, *flags: str, help: str, given: Any = None, metavar: str | None = None,
+            shown: Callable[[Any], str] = str, always: bool = False) -> Any:
+    """A ``WorldSpec`` field that is also a ``%pg_init`` option and a ``Sandbox`` keyword.
+
+    ``given``: the default as a user writes it (``fork``), where the field holds the normal
+    form (``pgnb.fork``); ``shown``: the value as written in a ``%pg_init`` line; ``always``:
+    the ``%pg_init ... --force`` line names it even at its default.
+    """
+    meta = {"flags": flags, "help": help, "given": default if given is None else given, "metavar": metavar,
+            "shown": shown, "always": always}
+    return field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class WorldSpec:
-    """One torch.distributed world: every ``init_process_group`` argument and how to host it."""
+    """One torch.distributed world: every ``init_process_group`` argument and how to host it.
 
-    backend: str = "gloo"
-    world: int = 2
-    init_method: str = "env"  # "env", "tcp", "file", or a full URL
-    timeout: float = 60.0
-    group_name: str = ""
-    launcher: str = "pgnb.fork"
-    profile: str | None = None
-    cluster_id: str | None = None
-    threads: int | None = None
-    debug: str = "off"
+    Its fields are THE table of ``%pg_init`` options: the magic's arguments, the
+    ``Sandbox`` keywords and the ``%pg_init ... --force`` line are all made from them.
+    """
+
+    backend: str = _option("gloo", "--backend", "-b", always=True,
+                           help="torch backend: gloo, nccl, mpi, ucc, or a device map like cpu:gloo,cuda:nccl")
+    world: int = _option(2, "--world", "-n", always=True, help="world size = number of ranks (default 2)")
+    init_method: str = _option("env", "--init-method",
+                               help="env, tcp, file, or a URL: env://, tcp://host:port, file:///path (default env)")
+    timeout: float = _option(60.0, "--timeout", shown=lambda v: f"{v:g}",
+                             help="seconds; passed to torch and enforced by pgnb itself (default 60)")
+    group_name: str = _option("", "--group-name", help="passed to init_process_group (shown in the view)")
+    launcher: str = _option("pgnb.fork", "--launcher", given="fork",
+                            shown=lambda v: {full: short for short, full in LAUNCHER_ALIASES.items()}.get(v, v),
+                            help="ipyparallel engine launcher: fork (pgnb's: engines forked from one process that "
+                                 "imported torch once), local, mpi, slurm, ssh, ... (default fork)")
+    profile: str | None = _option(None, "--profile", help="attach to the ipyparallel cluster of this IPython profile")
+    cluster_id: str | None = _option(None, "--cluster-id", help="attach to the ipyparallel cluster with this id")
+    threads: int | None = _option(None, "--threads", help="torch intra-op threads per rank (default cores // world)")
+    debug: str = _option("off", "--debug", help="TORCH_DISTRIBUTED_DEBUG on the ranks: off, info, detail")
     #: rank -> seconds that rank sleeps before joining the rendezvous (for lessons and tests)
-    delay_ranks: tuple[tuple[int, float], ...] = field(default=())
+    delay_ranks: tuple[tuple[int, float], ...] = _option(
+        (), "--delay-rank", given="", metavar="RANK:SECONDS", shown=lambda v: ",".join(f"{r}:{s:g}" for r, s in v),
+        help="make a rank join the rendezvous late, e.g. 2:5 (for lessons)")
 
     # ---- derived facts -------------------------------------------------
     @property
@@ -102,22 +130,22 @@ class WorldSpec:
 
     # ---- validation ----------------------------------------------------
     @classmethod
-    def validate(
-        cls,
-        backend: str = "gloo",
-        world: object = 2,
-        init_method: str = "env",
-        timeout: object = 60.0,
-        group_name: str = "",
-        launcher: str = "fork",
-        profile: str | None = None,
-        cluster_id: str | None = None,
-        threads: object = None,
-        debug: str = "off",
-        delay_ranks: object = (),
-        gpu_count: int | None = None,
-    ) -> WorldSpec:
-        """Check everything that can be checked without starting anything."""
+    def validate(cls, gpu_count: int | None = None, **options: Any) -> WorldSpec:
+        """Check everything that can be checked without starting anything.
+
+        ``options`` are the fields by name, as a user writes them (``world="4"``,
+        ``launcher="fork"``, ``delay_ranks="2:5"``); missing ones take their defaults.
+        """
+        unknown = sorted(set(options) - {f.name for f in option_fields()})
+        if unknown:
+            raise SpecError(f"unknown option {unknown[0]!r}; the options are: "
+                            + ", ".join(f.name for f in option_fields()))
+        given = {f.name: options.get(f.name, f.metadata["given"]) for f in option_fields()}
+        backend, world, init_method, timeout = (given["backend"], given["world"], given["init_method"],
+                                                given["timeout"])
+        group_name, launcher, profile, cluster_id = (given["group_name"], given["launcher"], given["profile"],
+                                                     given["cluster_id"])
+        threads, debug, delay_ranks = given["threads"], given["debug"], given["delay_ranks"]
         world_n = _positive_int("--world", world)
         attached = profile is not None or cluster_id is not None
         if not attached and launcher in ("local", "pgnb.fork", "fork") and world_n > local_world_limit():
@@ -302,3 +330,49 @@ def _parse_delays(delays: object, world: int) -> tuple[tuple[int, float], ...]:
             raise SpecError(f"--delay-rank names rank {r}, but the world has ranks 0-{world - 1}")
         out.append((r, _positive_float("--delay-rank seconds", secs)))
     return tuple(sorted(out))
+
+
+def option_fields() -> tuple[Field[Any], ...]:
+    """The ``%pg_init`` options, in the order the magic lists them."""
+    return fields(WorldSpec)
+
+
+def init_command(spec: WorldSpec, force: bool = True) -> str:
+    """The ``%pg_init`` line that asks for ``spec`` again (options at their default are left out)."""
+    words = ["%pg_init"]
+    for f in option_fields():
+        value = getattr(spec, f.name)
+        if f.metadata["always"] or value != f.default:
+            words += [f.metadata["flags"][0], f.metadata["shown"](value)]
+    if force:
+        words.append("--force")
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def parse_ranks(text: str | None, world: int) -> list[int] | None:
+    """``"0,2-3"`` -> ``[0, 2, 3]``; None or ``"all"`` -> None (every rank).
+
+    Raises ``ValueError`` with a one-line reason for anything else.
+    """
+    if text is None or text.strip().lower() == "all":
+        return None
+    stripped = text.strip()
+    if not stripped:
+        raise ValueError("--ranks is empty; use e.g. 0 or 0,2 or 1-3")
+    chosen: list[int] = []
+    for part in stripped.split(","):
+        part = part.strip()
+        lo_s, dash, hi_s = part.partition("-")
+        if not _is_digits(lo_s) or (dash and not _is_digits(hi_s)):
+            raise ValueError(f"cannot read --ranks {text!r}: {part!r} is not a rank or a range like 1-3")
+        lo, hi = int(lo_s), int(hi_s) if dash else int(lo_s)
+        if lo > hi:
+            raise ValueError(f"--ranks range {part!r} goes backwards; write {hi}-{lo}")
+        if hi >= world:
+            raise ValueError(f"--ranks {text!r} names rank {hi}, but the world has ranks 0-{world - 1}")
+        chosen.extend(r for r in range(lo, hi + 1) if r not in chosen)
+    return sorted(chosen)
+
+
+def _is_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()

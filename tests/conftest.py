@@ -71,7 +71,7 @@ def shell():
     from IPython.core.interactiveshell import InteractiveShell
 
     import pgnb
-    from pgnb.sandbox import set_current
+    from pgnb.notebook.current import set_current
 
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "pgnb")
@@ -87,7 +87,7 @@ def ip(world):
     """An IPython shell whose magics drive the requesting module's ``world``."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from pgnb.sandbox import current, set_current
+    from pgnb.notebook.current import current, set_current
 
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "pgnb")

@@ -19,7 +19,9 @@ from conftest import pg
 from IPython.core.error import UsageError
 
 import pgnb
-from pgnb.cells import CellInterrupted, RankValue, init_command, trim_stack
+from pgnb import CellInterrupted, RankValue
+from pgnb.core.stacks import trim_stack
+from pgnb.spec import init_command
 
 pytestmark = pytest.mark.integration
 
@@ -34,14 +36,12 @@ def plain(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def world():
-    from pgnb.cells import _CELLS
-
     sb = pgnb.Sandbox(backend="gloo", world=4)
     sb.start()
     yield sb
-    stack_dir = _CELLS[sb].stack_dir.path if sb in _CELLS else None
+    stack_dir = sb.scratch_dir
     sb.shutdown()
-    assert stack_dir is None or not os.path.exists(stack_dir)  # no stack files left behind
+    assert not os.path.exists(stack_dir)  # no stack files left behind
 
 
 # ---- output, in rank order ------------------------------------------------
@@ -106,7 +106,7 @@ def test_error_on_one_rank_names_it_with_its_traceback(world, ip):
     assert rank2 == ("before 2\nTraceback (most recent call last):\n  Cell, line 3, in <module>\n"
                      "    raise RuntimeError('only rank 2')\nRuntimeError: only rank 2\n")
     assert "RuntimeError: only rank 2" in rank2
-    assert "ipyparallel" not in rank2 and "_engine.py" not in rank2  # trimmed to the user's code
+    assert "ipyparallel" not in rank2 and "pgnb/rank" not in rank2  # trimmed to the user's code
     # the magic: ranks' output first, then one plain line
     cap, uerr = pg(ip, "", cell)
     assert type(uerr) is UsageError and str(uerr) == "rank 2 raised RuntimeError: only rank 2"
@@ -133,7 +133,7 @@ def test_bad_arguments_are_one_line_usage_errors(ip):
 
 
 def test_pg_before_init_says_run_pg_init(ip):
-    from pgnb.sandbox import current, set_current
+    from pgnb.notebook.current import current, set_current
 
     saved = current()
     set_current(None)
@@ -245,9 +245,7 @@ def test_interrupt_reports_a_rank_blocked_in_a_collective(world):
 
 # ---- pure parts ---------------------------------------------------------------
 def test_stack_files_are_private(world):
-    from pgnb.cells import _CELLS
-
-    d = _CELLS[world].stack_dir.path
+    d = world.scratch_dir
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
     files = os.listdir(d)
     assert files and all(stat.S_IMODE(os.stat(os.path.join(d, f)).st_mode) == 0o600 for f in files)

@@ -12,8 +12,9 @@ import time
 import psutil
 from conftest import wait_gone
 
-from pgnb._liveness import Watcher, describe_exit, is_alive
-from pgnb.reaper import OWNER_ENV, cluster_files, state_path, sweep, write_state
+from pgnb.core.liveness import Watcher, describe_exit
+from pgnb.procs.reaper import process_alive as is_alive
+from pgnb.procs.reaper import OWNER_ENV, cluster_files, state_path, sweep, write_state
 
 
 def test_describe_exit():

@@ -21,14 +21,14 @@ import pytest
 from ipyparallel.cluster.launcher import LauncherError
 from traitlets.config import Config
 
-from pgnb._forklauncher import ForkEngineSetLauncher
+from pgnb.procs.forklauncher import ForkEngineSetLauncher
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork + prctl: Linux only"),
 ]
 
-FORK = "pgnb._forklauncher.ForkEngineSetLauncher"
+FORK = "pgnb.procs.forklauncher.ForkEngineSetLauncher"
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_ARGS: dict[str, Any] = dict(
     delay=0,

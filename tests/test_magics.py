@@ -31,7 +31,7 @@ def start(request, shell):
         sb = pgnb.current()
         if sb is None:
             sb = pgnb.Sandbox(spec=spec)
-            pgnb.sandbox.set_current(sb)
+            set_current(sb)
         return sb.init(spec)
 
     def via_magic(**kwargs):

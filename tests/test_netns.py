@@ -129,7 +129,7 @@ def test_world_across_two_test_hosts(multi_host_cluster):
         assert len(masters) == 1 and masters.pop() in HOSTS.values()
         assert {f[2] for f in facts} == {"eth0"}  # gloo on the route to the controller
         assert [f[4] for f in facts] == [[6.0, 6.0]] * 4
-        addrs = {e.addr for e in sb._ranks}
+        addrs = {e.addr for e in sb.rank_infos}
         assert addrs == set(HOSTS.values())  # the world really spans both test hosts
     finally:
         sb.shutdown()

@@ -35,9 +35,9 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import pgnb
-from pgnb.reaper import cluster_files, owned_by_token
-from pgnb.sandbox import current, set_current
-from pgnb.view import StatusView
+from pgnb.procs.reaper import cluster_files, owned_by_token
+from pgnb.notebook.current import current, set_current
+from pgnb.notebook.view import StatusView
 
 pytestmark = pytest.mark.integration
 
@@ -109,7 +109,7 @@ def recover(ip, sb, force=True):
 
 def pgnb_processes(sb):
     """Every live process pgnb started for ``sb``: known pids, their descendants, and the token's carriers."""
-    pids = set(sb.pids) | set(owned_by_token(sb._reaper.token))
+    pids = set(sb.pids) | set(owned_by_token(sb.owner_token))
     for pid in list(pids):
         try:
             pids |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
@@ -171,7 +171,7 @@ def test_fault_idle_rank_killed(whole, ip, record_property):
     sb = whole
     view = StatusView(sb)
     try:
-        victim = sb._ranks[1].pid
+        victim = sb.rank_infos[1].pid
         os.kill(victim, signal.SIGKILL)
         latency = wait_until(lambda: "pgnb-is-lost" in view._row_widgets[1]._dom_classes, 2.0)
         assert latency is not None, "rank 1 not shown lost within 2 s"
@@ -204,7 +204,7 @@ def test_fault_rank_killed_mid_all_reduce(whole, ip, record_property):
     recovers.
     """
     sb = whole
-    victim = sb._ranks[2].pid
+    victim = sb.rank_infos[2].pid
     cell = "import time\nt = torch.ones(1)\nif rank == 2:\n    time.sleep(120)\ndist.all_reduce(t)\n"
     killer = threading.Timer(1.5, os.kill, (victim, signal.SIGKILL))
     killer.start()
@@ -250,7 +250,7 @@ def test_fault_cell_ends_its_rank(whole, ip, code, cause):
     options replaces the dead engine.
     """
     sb = whole
-    victim = sb._ranks[1].pid
+    victim = sb.rank_infos[1].pid
     cap, err, took = pg(ip, "", f"if rank == 1:\n    {code}\nprint('alive', rank)")
     assert err is not None and took < 5, (err, took)
     assert str(err).startswith(f"rank 1 lost ({cause}); ")
@@ -283,8 +283,8 @@ def test_fault_stale_state_after_unclean_death(whole, ip, tmp_path):
     script.write_text(
         "import json, sys, pgnb\n"
         "sb = pgnb.Sandbox(world=1).start()\n"
-        "print(json.dumps({'pids': sb.pids, 'reaper': sb._reaper.pid, 'token': sb._reaper.token,\n"
-        "                  'cluster_id': sb._pool.cluster.cluster_id}), flush=True)\n"
+        "print(json.dumps({'pids': sb.pids, 'reaper': sb.reaper_pid, 'token': sb.owner_token,\n"
+        "                  'cluster_id': sb.cluster_id}), flush=True)\n"
         "sys.stdin.read()\n"
     )
     owner = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -315,8 +315,8 @@ def test_fault_stale_state_after_unclean_death(whole, ip, tmp_path):
 # ---------------------------------------------------------------- kernels
 def _kernel_pids(k):
     ex = k.execute("import pgnb, json; sb = pgnb.current(); "
-                   "print(json.dumps({'pids': sb.pids, 'token': sb._reaper.token, "
-                   "'cluster_id': sb._pool.cluster.cluster_id}))")
+                   "print(json.dumps({'pids': sb.pids, 'token': sb.owner_token, "
+                   "'cluster_id': sb.cluster_id}))")
     return json.loads(ex.outputs[0]["text"])
 
 
@@ -551,10 +551,10 @@ def test_security_loopback_only(whole, ip, record_property):
     socks = listening(procs)
     record_property("listening_sockets", len(socks))
     assert [s for s in socks if s[2] not in LOOPBACK] == []
-    rank0 = sb._ranks[0].pid
+    rank0 = sb.rank_infos[0].pid
     store_port = int(sb.run(lambda: __import__("os").environ["MASTER_PORT"], ranks=[0])[0])
     assert (rank0, "tcp", "127.0.0.1", store_port) in socks  # the store was looked at, not missed
-    for e in sb._ranks:  # each rank listens (gloo, ipyparallel), all on loopback
+    for e in sb.rank_infos:  # each rank listens (gloo, ipyparallel), all on loopback
         assert any(s[0] == e.pid for s in socks)
 
 
@@ -564,17 +564,17 @@ def test_security_files_private(whole, ip):
     """
     sb = whole
     sec = os.path.join(profile_dir(), "security")
-    cid = sb._pool.cluster.cluster_id
+    cid = sb.cluster_id
     files = [f for f in cluster_files(profile_dir(), cid, logs=False) if os.path.dirname(f) == sec]
     assert len(files) == 4, files  # cluster file, client + engine connection files, pgnb's state file
     assert mode(sec) == 0o700 and {f: mode(f) for f in files} == {f: 0o600 for f in files}
     pg(ip, "", "pass")  # the stack-dump files exist once a cell ran
-    stacks = pgnb.cells._CELLS[sb].stack_dir.path
+    stacks = sb.scratch_dir
     assert mode(stacks) == 0o700 and os.listdir(stacks)
     assert {mode(os.path.join(stacks, f)) for f in os.listdir(stacks)} == {0o600}
     sb.init(sb.spec.with_(init_method="file"))  # same engines, a file:// store
     try:
-        store = sb._store_dir.path
+        store = sb.store_dir
         assert mode(store) == 0o700 and os.listdir(store)
         assert {mode(os.path.join(store, f)) for f in os.listdir(store)} == {0o600}
     finally:
@@ -588,8 +588,8 @@ def test_security_shutdown_leaves_nothing(whole, ip):
     """
     sb = whole
     procs = pgnb_processes(sb)
-    token, cid = sb._reaper.token, sb._pool.cluster.cluster_id
-    stacks = pgnb.cells._CELLS[sb].stack_dir.path if sb in pgnb.cells._CELLS else None
+    token, cid = sb.owner_token, sb.cluster_id
+    stacks = sb.scratch_dir
     _, err, took = magic(ip, "pg_shutdown")
     assert err is None
     assert wait_gone(procs, timeout=10) == [] and owned_by_token(token) == []

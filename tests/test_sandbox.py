@@ -65,7 +65,7 @@ def test_init_methods_and_small_worlds(init_method, world):
     with pgnb.Sandbox(world=world, init_method=init_method, timeout=30) as sb:
         assert [r.state for r in sb.status()] == ["initialized"] * world
         assert sb.run(_all_reduce) == [[float(sum(range(world)))] * 2] * world
-        store_dir = sb._store_dir.path if sb._store_dir else None
+        store_dir = sb.store_dir
         pids = sb.pids
     assert wait_gone(pids) == []
     if init_method == "file":
@@ -165,7 +165,7 @@ def test_both_local_launchers(launcher):
     """ipyparallel's own local launcher stays supported beside pgnb's fork launcher."""
     with pgnb.Sandbox(world=2, launcher=launcher) as sb:
         # started while the controller booted: the engines read its connection file themselves
-        assert sb._pool.cluster.send_engines_connection_env is False
+        assert sb.cluster.send_engines_connection_env is False
         assert sb.run(_all_reduce) == [[1.0, 1.0]] * 2
         torch_preloaded = sb.run(lambda: "torch" in __import__("sys").modules)
         assert torch_preloaded == [True, True]

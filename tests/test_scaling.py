@@ -21,10 +21,10 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import pgnb
-from pgnb._engine import describe
-from pgnb.cluster import EnginePool, mpi_environment
+from pgnb.rank.engine import describe
+from pgnb.core.cluster import EnginePool, mpi_environment
 from pgnb.errors import EngineStartError
-from pgnb.rendezvous import EngineInfo, rank_order
+from pgnb.core.rendezvous import EngineInfo, rank_order
 
 HAVE_MPIEXEC = shutil.which("mpiexec") is not None
 try:
@@ -169,7 +169,7 @@ def test_pg_init_launcher_mpi_world_4(shell):
     assert {f["mpi_size"] for f in facts} == {4}  # one mpiexec world
     assert all(f["sum"] == [10.0] * 3 for f in facts)
     # the owner token reached the mpiexec-started engines: the reaper can prove they are pgnb's
-    assert {f["owner"] for f in facts} == {sb._reaper.token}
+    assert {f["owner"] for f in facts} == {sb.owner_token}
     assert [r.launcher_rank for r in sb.snapshot().ranks] == [0, 1, 2, 3]
     pids = sb.pids
     with capture_output():

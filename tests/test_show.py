@@ -15,7 +15,8 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import pgnb
-from pgnb.show import MAX_ELEMENTS, RankValues, colour, gather, summarize
+from pgnb.core.show import MAX_ELEMENTS, RankValues, gather, summarize
+from pgnb.notebook.show import ShowView, colour, to_html
 
 
 def view(values, name="x"):
@@ -35,12 +36,12 @@ def test_tensors_are_a_rank_by_element_table():
 
 def test_html_colours_every_cell_on_one_scale():
     v = view([torch.tensor([0.0, 1.0]), torch.tensor([2.0, 4.0])])
-    html = v.html()
+    html = to_html(v)
     cells = re.findall(r"background:(#[0-9a-f]{6})", html)
     assert cells[:4] == [f"#{''.join(f'{round(c * 255):02x}' for c in colour(x, 0, 4))}" for x in (0, 1, 2, 4)]
     assert cells[0] != cells[3]  # low and high differ
-    assert html == view([torch.tensor([0.0, 1.0]), torch.tensor([2.0, 4.0])]).html()  # deterministic
-    bundle = v._repr_mimebundle_()
+    assert html == to_html(view([torch.tensor([0.0, 1.0]), torch.tensor([2.0, 4.0])]))  # deterministic
+    bundle = ShowView(v)._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "text/html"} and bundle["text/plain"] == v.text()
 
 
@@ -52,7 +53,7 @@ def test_differing_shapes_and_dtypes_are_flagged():
     assert lines[4].split() == ["2!", "float32[2]", "1.", "1."]
     assert view([torch.ones(2), torch.ones(2, dtype=torch.int64)]).differs() == "dtypes"
     assert view([torch.ones(2), 3]).differs() == "types"
-    assert ";color:#c62828" in view([torch.ones(3), torch.ones(2), torch.ones(3)]).html()
+    assert ";color:#c62828" in to_html(view([torch.ones(3), torch.ones(2), torch.ones(3)]))
 
 
 def test_scalars_strings_and_others_are_a_column():
@@ -92,7 +93,7 @@ def world(world4):
 
 def test_gathered_from_every_rank_through_api_and_magic(world4, ip):
     assert world4.execute("shown = torch.arange(3.) * (rank + 1)\nword = 'r' * (rank + 1)").error() is None
-    expected = gather("shown", sandbox=world4)
+    expected = gather("shown", world=world4)
     assert expected.text() == ("shown on ranks 0-3: float32[3]\n"
                                "rank  [0]  [1]  [2]\n"
                                "0     0.   1.   2.\n"
@@ -101,7 +102,7 @@ def test_gathered_from_every_rank_through_api_and_magic(world4, ip):
                                "3     0.   4.   8.")
     with capture_output() as cap:
         ip.run_line_magic("pg_show", "shown")
-    assert [o.data for o in cap.outputs] == [expected._repr_mimebundle_()]
+    assert [o.data for o in cap.outputs] == [ShowView(expected)._repr_mimebundle_()]
     with capture_output() as cap:
         pgnb.show("word", ranks=[1, 3])
     assert cap.outputs[0].data["text/plain"] == "word on ranks 1, 3: str\nrank  value\n1     rr\n3     rrrr"
@@ -112,10 +113,10 @@ def test_gathered_from_every_rank_through_api_and_magic(world4, ip):
 
 def test_a_name_missing_on_some_ranks_is_shown_not_raised(world4, ip):
     world4.execute("if rank == 2:\n    only_two = 7")
-    v = gather("only_two", sandbox=world4)
+    v = gather("only_two", world=world4)
     assert v.text() == ("only_two on ranks 0-3: int; not defined on ranks 0, 1, 3\n"
                         "rank  value\n0     (not defined)\n1     (not defined)\n2     7\n3     (not defined)")
-    assert gather("nowhere", sandbox=world4).header() == "nowhere on ranks 0-3: not defined on any rank"
+    assert gather("nowhere", world=world4).header() == "nowhere on ranks 0-3: not defined on any rank"
 
 
 def test_bad_input_is_one_line(ip):

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from pgnb import SpecError, WorldSpec
-from pgnb.cells import parse_ranks
+from pgnb.spec import parse_ranks
 
 
 def test_defaults():

@@ -1,7 +1,7 @@
 """``%%pg --trace``: recorded sequences, clock offsets, mismatches, the trace after --timeout.
 
 The first tests need no engines (records made by hand). The rest run on one
-module-scoped 4-rank gloo world, through the API (``pgnb.trace.execute``) and
+module-scoped 4-rank gloo world, through the API (``Sandbox.execute(trace=True)``) and
 through ``%%pg --trace``. The tests that leave ranks stuck or dead come last,
 and the last one also checks the recovery (``%pg_init ... --force``).
 Tracing's cost is measured by ``benchmarks/trace_overhead.py``, not here;
@@ -20,8 +20,10 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import pgnb
-from pgnb import _tracer, trace
-from pgnb.trace import ClockOffset, Trace, calls_from_records
+from pgnb.core import recording
+from pgnb.rank import tracer as _tracer
+from pgnb.core.timeline import timeline
+from pgnb.core.trace import ClockOffset, Trace, calls_from_records
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -106,7 +108,7 @@ def test_offsets_are_corrected_only_when_measured_beyond_their_uncertainty():
 
 def test_the_timeline_is_a_png_with_a_deterministic_text():
     tr = _trace({r: _call(1, "all_reduce", 0.0 if r != 2 else 1.0, 1.01) for r in range(4)})
-    pic = tr.timeline()
+    pic = timeline(tr)
     assert pic._repr_png_().startswith(PNG)
     assert repr(pic) == "<pgnb timeline: ranks 0-3, 4 calls>"
 
@@ -138,7 +140,7 @@ dist.barrier()
 
 
 def test_recorded_sequence_on_every_rank(world):
-    res = trace.execute(world, SEQUENCE)
+    res = world.execute(SEQUENCE, trace=True)
     assert res.error() is None
     tr = res.trace
     assert tr.ok and tr.problems == []
@@ -155,13 +157,13 @@ def test_recorded_sequence_on_every_rank(world):
     assert tr.calls[0][0].nbytes == 16 and tr.calls[0][0].group == (0, 1, 2, 3)
     text = tr.summary()
     assert "send rank 0 -> rank 3: 1 tensor, 12 B" in text
-    assert text == trace.execute(world, SEQUENCE).trace.summary()  # deterministic: no timings
+    assert text == world.execute(SEQUENCE, trace=True).trace.summary()  # deterministic: no timings
 
 
 def test_tracing_off_wraps_nothing(world):
-    check = "import pgnb._tracer as T\n(T.wrapped_names(), id(dist.all_reduce), id(dist.isend))"
+    check = "import pgnb.rank.tracer as T\n(T.wrapped_names(), id(dist.all_reduce), id(dist.isend))"
     before = world.execute(check).values
-    during = trace.execute(world, check).values
+    during = world.execute(check, trace=True).values
     after = world.execute(check).values
     assert all(names == [] for names, *_ in before + after)
     assert all("all_reduce" in names and "isend" in names for names, *_ in during)
@@ -172,7 +174,7 @@ def test_a_p2pop_made_while_tracing_still_works_afterwards(world):
     code = ("peer = (rank + 1) % world_size, (rank - 1) % world_size\n"
             "ops = [dist.P2POp(dist.isend, torch.ones(2), peer[0]), dist.P2POp(dist.irecv, torch.zeros(2), peer[1])]\n"
             "for w in dist.batch_isend_irecv(ops):\n    w.wait()\n")
-    res = trace.execute(world, code)
+    res = world.execute(code, trace=True)
     assert res.error() is None and res.trace.ok
     assert res.trace.calls[0][0].label() == "batch_isend_irecv(send to 1: float32[2], recv from 3: float32[2])"
     res = world.execute("for w in dist.batch_isend_irecv(ops):\n    w.wait()\n")  # untraced now
@@ -180,10 +182,10 @@ def test_a_p2pop_made_while_tracing_still_works_afterwards(world):
 
 
 def test_a_rank_without_the_trace_directory_keeps_its_records_for_the_kernel(world):
-    from pgnb import _engine
+    from pgnb.rank import cell
 
-    rec = trace.Recording(world, [0, 1, 2, 3], "/nonexistent/pgnb-trace-dir")  # as on another host
-    world.run(_engine.run_cell, "dist.all_reduce(torch.ones(3))", None, None, False, rec.engine_args(0))
+    rec = recording.Recording(world, [0, 1, 2, 3], "/nonexistent/pgnb-trace-dir")  # as on another host
+    world.run(cell.run_cell, "dist.all_reduce(torch.ones(3))", None, None, rec.engine_args(0))
     tr = rec.collect([])
     assert tr.ok and [c.label() for c in tr.calls[3]] == ["all_reduce(float32[3], op=SUM)"]
 
@@ -192,11 +194,11 @@ def test_clock_offsets_are_measured_and_corrected(world):
     world.run(_tracer.set_clock_skew, 5.0, ranks=[1])
     world.run(_tracer.set_clock_skew, -3.0, ranks=[2])
     try:
-        offsets = trace.measure_offsets(world)
+        offsets = recording.measure_offsets(world)
         assert offsets[1].offset == pytest.approx(5.0, abs=0.05)
         assert offsets[2].offset == pytest.approx(-3.0, abs=0.05)
         assert abs(offsets[0].offset) < 0.05 and offsets[0].uncertainty < 0.05
-        res = trace.execute(world, "import time\nif rank == 3:\n    time.sleep(0.7)\ndist.all_reduce(torch.ones(1))")
+        res = world.execute("import time\nif rank == 3:\n    time.sleep(0.7)\ndist.all_reduce(torch.ones(1))", trace=True)
         tr = res.trace
         starts = {r: tr.calls[r][0].start for r in range(4)}
         ends = {r: tr.calls[r][0].end for r in range(4)}
@@ -227,7 +229,7 @@ def test_different_collectives_on_real_ranks(world):
     code = ("import datetime\ng = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1))\n"
             "t = torch.ones(4)\nif rank == 0:\n    dist.all_reduce(t, group=g)\n"
             "elif rank == 1:\n    dist.broadcast(t, src=0, group=g)\n")
-    res = trace.execute(world, code)
+    res = world.execute(code, trace=True)
     assert res.error() is not None
     tr = res.trace
     assert tr.problems[0] == ("mismatch at call #1 on group [0,1]: rank 0 called all_reduce(float32[4], op=SUM, "
@@ -254,10 +256,9 @@ def test_the_trace_after_a_timeout_says_who_never_called(world, ip):
     assert texts[0].splitlines()[-1] == ("mismatch at call #3 on the world group: rank 1 never called "
                                          "all_reduce #3; ranks 0, 2, 3 are blocked in it")
     assert "rank 0: all_reduce(float32[4], op=SUM) ×2, all_reduce(float32[4], op=SUM) (did not return)" in texts[0]
-    assert "_tracer.py" not in ANSI.sub("", cap.stderr)  # the stacks show the cell, not pgnb's wrapper
-    from pgnb.cells import _CELLS
+    assert "tracer.py" not in ANSI.sub("", cap.stderr)  # the stacks show the cell, not pgnb's wrapper
 
-    stack_dir = _CELLS[world].stack_dir.path
+    stack_dir = world.scratch_dir
     assert not [f for f in os.listdir(stack_dir) if f.startswith("trace-")]  # read, then removed
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import ipywidgets as W
 import pytest
@@ -10,15 +11,45 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.display import display
 from IPython.utils.capture import capture_output
 
-from pgnb import Sandbox
-from pgnb.sandbox import RankStatus
-from pgnb.view import StatusView, WorldReport, status_table
+from pgnb.core.report import status_table
+from pgnb.core.world import RankStatus, Snapshot
+from pgnb.notebook.view import StatusView, WorldReport
+from pgnb.spec import WorldSpec
+
+
+class Published:
+    """A world as the view sees it (``pgnb.notebook.view.WorldLike``): the test publishes its snapshots."""
+
+    def __init__(self, world: int = 4) -> None:
+        rows = tuple(RankStatus(r, world, "gloo", "starting") for r in range(world))
+        self._snap = Snapshot(WorldSpec(world=world), rows, "new")
+        self._listeners = []
+
+    def snapshot(self):
+        return self._snap
+
+    def add_listener(self, fn):
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn):
+        self._listeners.remove(fn)
+
+    def status(self):
+        return list(self._snap.ranks)
+
+    def shutdown(self):
+        self.publish(self._snap.ranks, phase="shut down")
+
+    def publish(self, rows, phase):
+        self._snap = replace(self._snap, ranks=tuple(rows), phase=phase)
+        for fn in list(self._listeners):
+            fn(self)
 
 
 @pytest.fixture
 def sb():
     InteractiveShell.instance()
-    return Sandbox(world=4)  # never started: the view only renders what it is given
+    return Published(4)  # the view only renders what it is given
 
 
 def _rows(view):
@@ -42,16 +73,16 @@ def test_view_structure(sb):
 def test_view_follows_the_sandbox_live(sb):
     view = StatusView(sb)
     rows = [RankStatus(r, 4, "gloo", "initialized" if r < 2 else "pending", pid=100 + r) for r in range(4)]
-    sb._set_rows(rows, phase="rendezvous")
+    sb.publish(rows, phase="rendezvous")
     assert _states(view) == ["initialized", "initialized", "pending", "pending"]
     assert "2/4 initialized" in view._header.value
     view.detach()
-    sb._set_rows([RankStatus(r, 4, "gloo", "failed", error="x") for r in range(4)], phase="failed")
+    sb.publish([RankStatus(r, 4, "gloo", "failed", error="x") for r in range(4)], phase="failed")
     assert _states(view) == ["initialized", "initialized", "pending", "pending"]  # detached: frozen
 
 
 def test_text_plain_is_deterministic_and_complete(sb):
-    sb._set_rows([RankStatus(r, 4, "gloo", "initialized", host=f"host{r}", pid=4242 + r, device="cpu",
+    sb.publish([RankStatus(r, 4, "gloo", "initialized", host=f"host{r}", pid=4242 + r, device="cpu",
                              init_seconds=0.123 * r) for r in range(4)], phase="initialized")
     with capture_output() as cap:
         display(StatusView(sb))
@@ -67,13 +98,13 @@ def test_text_plain_is_deterministic_and_complete(sb):
 def test_live_view_text_does_not_depend_on_timing(sb):
     view = StatusView(sb, live=True)
     before = view._repr_mimebundle_()["text/plain"]
-    sb._set_rows([RankStatus(r, 4, "gloo", "initialized") for r in range(4)], phase="initialized")
+    sb.publish([RankStatus(r, 4, "gloo", "initialized") for r in range(4)], phase="initialized")
     assert view._repr_mimebundle_()["text/plain"] == before
     assert before == "pgnb world: backend gloo, world 4, init env:// (live view; the outcome follows)"
 
 
 def test_report_carries_the_outcome(sb):
-    sb._set_rows([RankStatus(r, 4, "gloo", "initialized", device="cpu") for r in range(3)]
+    sb.publish([RankStatus(r, 4, "gloo", "initialized", device="cpu") for r in range(3)]
                  + [RankStatus(3, 4, "gloo", "failed", error="DistStoreError: timeout")], phase="failed")
     bundle = WorldReport(sb.snapshot())._repr_mimebundle_()
     assert "3/4 initialized (1 failed)" in bundle["text/plain"]
@@ -98,14 +129,14 @@ def test_updates_reuse_the_row_widgets(sb):
     view = StatusView(sb)
     before = [w.model_id for w in view._rows_box.children]
     for state in ("pending", "initialized", "destroyed"):
-        sb._set_rows([RankStatus(r, 4, "gloo", state) for r in range(4)], phase="rendezvous")
+        sb.publish([RankStatus(r, 4, "gloo", state) for r in range(4)], phase="rendezvous")
     assert [w.model_id for w in view._rows_box.children] == before
     assert _states(view) == ["destroyed"] * 4
 
 
 def test_a_launcher_numbered_rank_shows_both_numbers(sb):
     view = StatusView(sb)
-    sb._set_rows([RankStatus(r, 4, "gloo", "initialized", launcher_rank=r) for r in range(4)], phase="initialized")
+    sb.publish([RankStatus(r, 4, "gloo", "initialized", launcher_rank=r) for r in range(4)], phase="initialized")
     assert all(f"mpi {r}" in w.value for r, w in enumerate(_rows(view)))
-    sb._set_rows([RankStatus(r, 4, "gloo", "initialized") for r in range(4)], phase="initialized")
+    sb.publish([RankStatus(r, 4, "gloo", "initialized") for r in range(4)], phase="initialized")
     assert not any("mpi" in w.value for w in _rows(view))

@@ -11,15 +11,16 @@ import contextlib
 import io
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
-from .errors import EngineStartError, SpecError
-from .reaper import OWNER_ENV, Reaper, cluster_files, kill_all, sweep, write_state
+from ..errors import EngineStartError, SpecError
+from ..procs.reaper import OWNER_ENV, Reaper, cluster_files, kill_all, owned_by_token, sweep, write_state
+from ..rank import engine
+from .files import private_file
 from .rendezvous import EngineInfo
 
 #: How often the controller pings engines (ms). ipyparallel's 3 s default
@@ -157,14 +158,6 @@ def _launcher_exited(engine_set: Any) -> bool:
         return bool(proc.status() == psutil.STATUS_ZOMBIE)
     except Exception:  # psutil.NoSuchProcess: reaped already
         return True
-
-
-def _private_file(path: str) -> None:
-    """Create ``path`` empty and 0600 if missing (a writer that opens it later keeps the mode)."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-    os.chmod(path, 0o600)
 
 
 def _preload_serializer() -> None:
@@ -313,7 +306,7 @@ class EnginePool:
             return
         self.state_file = write_state(profile_dir, str(self.cluster.cluster_id), self.reaper.token)
         self.reaper.own_cluster(self.state_file)
-        _private_file(str(self.cluster.cluster_file))
+        private_file(str(self.cluster.cluster_file))
 
     def _own_controller(self) -> None:
         proc = getattr(self.cluster.controller, "process", None)
@@ -389,10 +382,8 @@ class EnginePool:
 
     def describe(self, ids: list[int], timeout: float = 30.0) -> list[EngineInfo]:
         """Ask every engine who and where it is (before any torch import)."""
-        from . import _engine
-
         host = self.controller_host()
-        ars = {eid: self.client[eid].apply_async(_engine.describe, host) for eid in ids}
+        ars = {eid: self.client[eid].apply_async(engine.describe, host) for eid in ids}
         infos = []
         for eid, ar in ars.items():
             d = ar.get(timeout=timeout)
@@ -407,9 +398,7 @@ class EnginePool:
 
     def warm_up(self, ids: list[int], timeout: float = 120.0) -> None:
         """Import torch on these engines, all at once."""
-        from . import _engine
-
-        ars = [self.client[eid].apply_async(_engine.warm_up) for eid in ids]
+        ars = [self.client[eid].apply_async(engine.warm_up) for eid in ids]
         for ar in ars:
             ar.get(timeout=timeout)
 
@@ -423,11 +412,6 @@ class EnginePool:
         while set(ids) & set(self.client.ids) and time.monotonic() < deadline:
             time.sleep(0.02)
 
-    def interrupt(self, pids: list[int]) -> None:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGINT)
-
     def stop(self, engine_pids: list[int]) -> None:
         """Stop what pgnb started: every engine at once, then the controller.
 
@@ -440,8 +424,6 @@ class EnginePool:
             return
         pids = list(engine_pids)
         if self.reaper is not None:
-            from .reaper import owned_by_token
-
             pids += owned_by_token(self.reaper.token)
         if client is not None:
             client.close()

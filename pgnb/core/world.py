@@ -1,10 +1,12 @@
-"""The core: one torch.distributed world's lifecycle and state (no IPython).
+"""The bottom of the kernel side: one torch.distributed world's lifecycle and state (no IPython).
 
-``Sandbox`` starts (or reuses) ipyparallel engines, makes each one a rank,
+``World`` starts (or reuses) ipyparallel engines, makes each one a rank,
 initialises the default process group on all of them at once under its own
-deadline, answers status queries from the ranks themselves, runs code on
-them, and stops everything it started. Views subscribe with
-``add_listener`` and render ``snapshot()``; nothing here draws.
+deadline, answers status queries from the ranks themselves, runs functions on
+them, and stops everything it started. Views subscribe with ``add_listener``
+and render ``snapshot()``; nothing here draws. Running cells, tracing and
+showing are built on a ``World`` (``pgnb.core.cells``, ``recording``,
+``show``); ``pgnb.Sandbox`` is the facade over all of them.
 """
 
 from __future__ import annotations
@@ -20,11 +22,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import _engine
-from ._engine import clean_message
-from ._liveness import PERIOD, STATUS_WAIT, Watcher
-from .cluster import EnginePool, exit_status
-from .errors import (
+from .._wire import RankReport, RankState, WorldPhase
+from ..errors import (
+    NOT_STARTED,
     RECOVER_HINT,
     CellTimeout,
     EngineStartError,
@@ -34,11 +34,18 @@ from .errors import (
     RankError,
     RankLost,
 )
-from .reaper import Reaper, owned_by_token
-from .rendezvous import STORE_FILE, EngineInfo, OwnedDir, plans, rank_order, store_bind
-from .spec import WorldSpec
+from ..procs.reaper import Reaper, owned_by_token
+from ..rank import engine
+from ..rank.cell import clean_message
+from ..spec import WorldSpec, init_command
+from .busy import Busy, BusyEntry
+from .cluster import EnginePool, exit_status
+from .files import OwnedDir
+from .liveness import PERIOD, STATUS_WAIT, Watcher
+from .rendezvous import STORE_FILE, EngineInfo, plans, rank_order, store_bind
+from .stacks import dump_stacks
+from .text import lost_text, ranks_text
 
-STATES = ("starting", "pending", "initialized", "failed", "destroyed", "lost")
 #: Extra seconds pgnb waits past torch's own timeout, so torch's clearer error wins when it fires.
 DEADLINE_SLACK = 1.0
 STATUS_TIMEOUT = 5.0
@@ -54,7 +61,7 @@ class RankStatus:
     rank: int
     world_size: int
     backend: str
-    state: str
+    state: RankState
     host: str = ""
     pid: int | None = None
     device: str = ""
@@ -75,7 +82,7 @@ class Snapshot:
 
     spec: WorldSpec
     ranks: tuple[RankStatus, ...]
-    phase: str  # new, starting engines, rendezvous, initialized, failed, destroyed, shut down
+    phase: WorldPhase
     message: str = ""
     engines_up: int = 0
     started_at: float = field(default=0.0, compare=False)
@@ -85,18 +92,7 @@ class Snapshot:
         return sum(r.state == "initialized" for r in self.ranks)
 
 
-_LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()
-_current: Sandbox | None = None
-
-
-def current() -> Sandbox | None:
-    """The Sandbox the magics drive, or None."""
-    return _current
-
-
-def set_current(sandbox: Sandbox | None) -> None:
-    global _current
-    _current = sandbox
+_LIVE: weakref.WeakSet[World] = weakref.WeakSet()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -109,54 +105,37 @@ def _one_line(exc: BaseException) -> str:
     return f"{ename}: {first}" if first else ename
 
 
-class Sandbox:
-    """A torch.distributed world on ipyparallel engines.
+class World:
+    """A torch.distributed world on ipyparallel engines: its lifecycle, its state, running functions on it.
 
-    >>> with Sandbox(backend="gloo", world=2) as sb:       # doctest: +SKIP
-    ...     sb.run(lambda: __import__("torch.distributed").distributed.get_rank())
-    [0, 1]
+    ``World(spec=...)`` or ``World(backend="gloo", world=4, ...)`` with the options of
+    ``pgnb.spec.WorldSpec`` (validated before anything starts).
     """
 
-    def __init__(
-        self,
-        backend: str = "gloo",
-        world: int = 2,
-        init_method: str = "env",
-        timeout: float = 60.0,
-        group_name: str = "",
-        launcher: str = "fork",
-        profile: str | None = None,
-        cluster_id: str | None = None,
-        threads: int | None = None,
-        debug: str = "off",
-        delay_ranks: object = (),
-        *,
-        spec: WorldSpec | None = None,
-    ) -> None:
-        self.spec = spec or WorldSpec.validate(
-            backend=backend, world=world, init_method=init_method, timeout=timeout,
-            group_name=group_name, launcher=launcher, profile=profile, cluster_id=cluster_id,
-            threads=threads, debug=debug, delay_ranks=delay_ranks,
-        )
+    def __init__(self, *, spec: WorldSpec | None = None, **options: Any) -> None:
+        self.spec = spec or WorldSpec.validate(**options)
         self._pool: EnginePool | None = None
         self._reaper: Reaper | None = None
         self._known: dict[int, EngineInfo] = {}
         self._ranks: list[EngineInfo] = []
         self._store_dir: OwnedDir | None = None
-        self._listeners: list[Callable[[Sandbox], None]] = []
+        self._listeners: list[Callable[[World], None]] = []
         self._lock = threading.RLock()
         # the liveness watcher publishes from its own thread: one publisher at a time
         self._publish_lock = threading.RLock()
         self._lost: dict[int, str] = {}  # engine pid -> why it died (written by the watcher thread)
         self._watcher: Watcher | None = None
+        self._scratch: OwnedDir | None = None
+        #: ranks still running an earlier cell; every entry point that talks to the ranks asks it first
+        self.busy = Busy()
         self._snapshot = Snapshot(self.spec, self._fresh_rows("starting"), "new")
         _LIVE.add(self)
 
     # ---- observers ----------------------------------------------------
-    def add_listener(self, fn: Callable[[Sandbox], None]) -> None:
+    def add_listener(self, fn: Callable[[World], None]) -> None:
         self._listeners.append(fn)
 
-    def remove_listener(self, fn: Callable[[Sandbox], None]) -> None:
+    def remove_listener(self, fn: Callable[[World], None]) -> None:
         with contextlib.suppress(ValueError):
             self._listeners.remove(fn)
 
@@ -192,6 +171,30 @@ class Sandbox:
         return self._pool.client if self._pool else None
 
     @property
+    def cluster(self) -> Any:
+        """The ``ipyparallel.Cluster`` pgnb started (None when attached to one, or before start)."""
+        return self._pool.cluster if self._pool else None
+
+    @property
+    def cluster_id(self) -> str | None:
+        cluster = self.cluster
+        return None if cluster is None else str(cluster.cluster_id)
+
+    @property
+    def owner_token(self) -> str | None:
+        """The ``PGNB_OWNER`` token every process this world launched carries (None: attached)."""
+        return self._reaper.token if self._reaper else None
+
+    @property
+    def reaper_pid(self) -> int | None:
+        return self._reaper.pid if self._reaper else None
+
+    @property
+    def store_dir(self) -> str | None:
+        """The directory of pgnb's own ``file://`` store, while one exists."""
+        return self._store_dir.path if self._store_dir else None
+
+    @property
     def engine_ids(self) -> list[int]:
         """Engine id of each rank, in rank order."""
         return [e.engine_id for e in self._ranks]
@@ -224,17 +227,17 @@ class Sandbox:
         return {r: lost[infos[r].pid] for r in chosen if 0 <= r < len(infos) and infos[r].pid in lost}
 
     # ---- lifecycle ------------------------------------------------------
-    def __enter__(self) -> Sandbox:
+    def __enter__(self) -> World:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def start(self, force: bool = False) -> Sandbox:
+    def start(self, force: bool = False) -> World:
         """Start engines and initialise the world (a no-op if it already is)."""
         return self.init(self.spec, force=force)
 
-    def init(self, spec: WorldSpec | None = None, force: bool = False) -> Sandbox:
+    def init(self, spec: WorldSpec | None = None, force: bool = False) -> World:
         """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines."""
         spec = spec or self.spec
         with self._lock:
@@ -372,7 +375,7 @@ class Sandbox:
         if spec.scheme in ("env", "tcp"):
             bind_addr, bind_port = store_bind(spec, master)
             try:
-                port = client[master.engine_id].apply_sync(_engine.listen_for_store, bind_addr, bind_port)
+                port = client[master.engine_id].apply_sync(engine.listen_for_store, bind_addr, bind_port)
             except Exception as e:
                 msg = f"rank 0 cannot listen on {bind_addr}:{bind_port} ({_one_line(e)}); pick another port"
                 self._set_rows(self._fresh_rows("failed"), phase="failed", message=msg)
@@ -387,7 +390,7 @@ class Sandbox:
                 if self._reaper:
                     self._reaper.own_path(store_dir)
         rank_plans = plans(spec, self._ranks, master_addr, port, store_dir)
-        ars = [client[e.engine_id].apply_async(_engine.init_rank, p)
+        ars = [client[e.engine_id].apply_async(engine.init_rank, p)
                for e, p in zip(self._ranks, rank_plans, strict=True)]
         deadline = time.monotonic() + spec.timeout + DEADLINE_SLACK
         pending = set(range(spec.world))
@@ -435,9 +438,9 @@ class Sandbox:
         for r in errors:
             by_error.setdefault(r.error, []).append(r.rank)
         for err, ranks in by_error.items():
-            parts.append(f"{_ranks_text(ranks)} failed: {err}")
+            parts.append(f"{ranks_text(ranks)} failed: {err}")
         if stuck:
-            parts.append(f"{_ranks_text(sorted(stuck))} did not join within the {self.spec.timeout:g} s timeout")
+            parts.append(f"{ranks_text(sorted(stuck))} did not join within the {self.spec.timeout:g} s timeout")
         return "init_process_group: " + "; ".join(parts) + f"; {RECOVER_HINT}"
 
     def _recover_after_failed_init(self, stuck: list[int] | None = None) -> None:
@@ -464,16 +467,22 @@ class Sandbox:
                 return list(self._snapshot.ranks)
             lost = self.lost_ranks()
             alive = set(self._pool.ids())
-            ars = {r: self.client[e.engine_id].apply_async(_engine.rank_status)
-                   for r, e in enumerate(self._ranks) if e.engine_id in alive and r not in lost}
+            # a rank still running earlier work would answer only after it: say so instead of asking
+            busy = set(self.busy.still_running(range(len(self._ranks)), self.engine_ids, self.client, settle=0.2))
+            ars = {r: self.client[e.engine_id].apply_async(engine.rank_status)
+                   for r, e in enumerate(self._ranks) if e.engine_id in alive and r not in lost and r not in busy}
             deadline = time.monotonic() + timeout
             rows = list(self._snapshot.ranks)
             for r in range(len(self._ranks)):
+                entry = self.busy.entry(r) if r in busy else None
+                if entry is not None:
+                    rows[r] = replace(rows[r], error=f"busy: still running {entry.what}")
+                    continue
                 if r not in ars:
                     rows[r] = replace(rows[r], state="lost", error=lost.get(r, "engine process is gone"))
                     continue
                 try:
-                    res = ars[r].get(timeout=max(0.0, deadline - time.monotonic()))
+                    res: RankReport = ars[r].get(timeout=max(0.0, deadline - time.monotonic()))
                 except Exception as exc:
                     if _ename(exc) == "EngineError":
                         rows[r] = replace(rows[r], state="lost", error=_one_line(exc))
@@ -489,18 +498,55 @@ class Sandbox:
             return rows
 
     # ---- running code -------------------------------------------------
-    def _require_world(self) -> None:
-        if self._pool is None or self._pool.client is None or not self._ranks:
-            raise NotStartedError("no process group yet: run `%pg_init` (Sandbox.start()) first")
+    @property
+    def rank_infos(self) -> list[EngineInfo]:
+        """What each rank's engine said about itself, in rank order."""
+        return list(self._ranks)
 
-    def ranks_to_engines(self, ranks: Iterable[int] | None) -> list[tuple[int, int]]:
-        """``(rank, engine id)`` of the chosen ranks; refuses at once if one of them is lost."""
-        self._require_world()
+    @property
+    def scratch_dir(self) -> str:
+        """This world's 0700 directory for stack dumps and trace files (its reaper removes it too)."""
+        if self._scratch is None:
+            self._scratch = OwnedDir(prefix="pgnb-stacks-")
+            if self._reaper is not None:  # if the kernel is killed, the reaper removes it with the rest
+                self._reaper.own_path(self._scratch.path)
+        return self._scratch.path
+
+    def engines_for(self, ranks: Iterable[int] | None) -> list[tuple[int, int]]:
+        """``(rank, engine id)`` of the chosen ranks (default all), ready for work.
+
+        Every entry point that sends work to the ranks asks here first: it refuses at
+        once (``NotStartedError``, ``RankLost``, ``CellTimeout``) rather than send work
+        that would fail or queue behind a rank still running something earlier.
+        """
+        if self._pool is None or self._pool.client is None or not self._ranks:
+            raise NotStartedError()
         chosen = list(range(len(self._ranks)) if ranks is None else ranks)
         lost = self.lost_ranks(chosen)
         if lost:
-            raise RankLost(_lost_text(lost) + f"; {RECOVER_HINT}", sorted(lost))
+            raise RankLost(lost_text(lost) + f"; {RECOVER_HINT}", sorted(lost))
+        self.check_idle(chosen)
         return [(r, self._ranks[r].engine_id) for r in chosen]
+
+    def check_idle(self, ranks: Iterable[int]) -> None:
+        """Refuse (``CellTimeout``) if a chosen rank is really still running earlier work.
+
+        The refusal names that work and, from a fresh look at the rank's stack, where it is blocked.
+        """
+        stuck = self.busy.still_running(ranks, self.engine_ids, self.client)
+        if not stuck:
+            return
+        entries = {r: self.busy.entry(r) for r in stuck}
+        stacks = dump_stacks({r: self._ranks[r] for r in stuck}, self.scratch_dir,
+                             next((e.code for e in entries.values() if e is not None and e.code), ""))
+        what = {e.what for e in entries.values() if e is not None}
+        where = {stacks[r].blocked_in for r in stuck if r in stacks}
+        blocked = f", blocked in {where.pop()}" if len(where) == 1 and "" not in where else ""
+        raise CellTimeout(
+            f"{ranks_text(stuck)} still running {what.pop() if len(what) == 1 else 'earlier work'}{blocked}; "
+            f"run the ranks it waits for, or run `{init_command(self.spec)}` to restart the engines",
+            stuck,
+        )
 
     def wait_ranks(self, ars: list[tuple[int, Any]], deadline: float | None = None) -> dict[int, str]:
         """Wait for ``(rank, AsyncResult)`` pairs; the lost ranks among them, ``rank -> cause``.
@@ -545,8 +591,9 @@ class Sandbox:
         engine died (the others are not waited for longer than ``LOST_GRACE``),
         ``CellTimeout`` for ranks still running at ``timeout`` seconds.
         """
-        pairs = self.ranks_to_engines(ranks)
-        ars = [(r, self.client[e].apply_async(fn, *args, **kwargs)) for r, e in pairs]
+        pairs = self.engines_for(ranks)
+        client = self.client
+        ars = [(r, client[e].apply_async(fn, *args, **kwargs)) for r, e in pairs]
         lost = self.wait_ranks(ars, None if timeout is None else time.monotonic() + timeout)
         results: list[Any] = []
         failures: list[tuple[int, Exception]] = []
@@ -557,6 +604,8 @@ class Sandbox:
                 continue
             if not ar.ready():
                 running.append(r)
+                name = getattr(fn, "__name__", "a function")
+                self.busy.add(r, BusyEntry(self._ranks[r].engine_id, ar, client, f"an earlier run({name})"))
                 continue
             try:
                 results[-1] = ar.get(timeout=0)
@@ -566,62 +615,22 @@ class Sandbox:
             return results
         parts = [f"rank {r}: {_one_line(e)}" for r, e in failures]
         if lost:
-            parts.insert(0, _lost_text(lost))
+            parts.insert(0, lost_text(lost))
         if running:
             why = "probably blocked waiting for the lost rank" if lost else f"still running after {timeout:g} s"
-            parts.append(f"{_ranks_text(running)} {why}")
+            parts.append(f"{ranks_text(running)} {why}")
         if lost or running:
             parts.append(RECOVER_HINT)
         bad = sorted([*lost, *running, *(r for r, _ in failures)])
         err = RankLost if lost else CellTimeout if running else RankError
         raise err("; ".join(parts), bad)
 
-    def execute(self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None,
-                label: int | None = None) -> Any:
-        """Run a code string in each rank's namespace; a ``CellResult`` in rank order.
-
-        A rank's error is in the result (``result.error()``), not raised; ranks still
-        running at ``timeout`` are reported with their stacks. Ctrl-C interrupts the
-        ranks and raises ``pgnb.cells.CellInterrupted`` (a ``KeyboardInterrupt``).
-        """
-        from .cells import run_cell
-
-        return run_cell(self, code, ranks=None if ranks is None else list(ranks), timeout=timeout, label=label)
-
-    def push(self, values: dict[str, Any] | None = None, /, *, ranks: Iterable[int] | None = None,
-             timeout: float | None = None, **named: Any) -> None:
-        """Copy values into every rank's namespace (or ``ranks``): ``sb.push(lr=0.1, data=t)``.
-
-        A dict works too, for names that clash with the keywords: ``sb.push({"ranks": r})``.
-        """
-        from .cells import check_idle
-        from .errors import SpecError
-
-        ns = {**(values or {}), **named}
-        bad = [k for k in ns if not (isinstance(k, str) and k.isidentifier())]
-        if bad:
-            raise SpecError(f"cannot push {bad[0]!r}: a name on the ranks must be a Python identifier")
-        chosen = None if ranks is None else list(ranks)
-        check_idle(self, chosen)
-        self.run(_engine.push_values, ns, ranks=chosen, timeout=timeout)
-
-    def pull(self, name: str, ranks: Iterable[int] | None = None, timeout: float | None = None) -> list[Any]:
-        """The value of ``name`` on every rank (or ``ranks``), in rank order; tensors arrive on the CPU."""
-        from .cells import check_idle
-        from .errors import SpecError
-
-        if not (isinstance(name, str) and name.isidentifier()):
-            raise SpecError(f"cannot pull {name!r}: give the plain name of a variable on the ranks")
-        chosen = None if ranks is None else list(ranks)
-        check_idle(self, chosen)
-        return self.run(_engine.pull_value, name, ranks=chosen, timeout=timeout)
-
     # ---- teardown -----------------------------------------------------
     def _destroy_ranks(self, quiet: bool = False, timeout: float = 10.0) -> None:
         if self._pool is None or self._pool.client is None:
             return
         alive = set(self._pool.ids())
-        ars = [self.client[e.engine_id].apply_async(_engine.destroy) for e in self._ranks
+        ars = [self.client[e.engine_id].apply_async(engine.destroy) for e in self._ranks
                if e.engine_id in alive and e.pid not in self._lost]
         deadline = time.monotonic() + timeout
         errors = []
@@ -654,15 +663,17 @@ class Sandbox:
                     self._destroy_ranks(quiet=True, timeout=2.0)
                     self._pool = None
             pool.stop([e.pid for e in self._known.values()])
-        if self._store_dir is not None:
-            self._store_dir.remove()
-            self._store_dir = None
+        for owned in (self._store_dir, self._scratch):
+            if owned is not None:
+                owned.remove()
+        self._store_dir = self._scratch = None
         if self._reaper is not None:
             self._reaper.release()
             self._reaper = None
         self._known.clear()
         self._ranks = []
         self._lost.clear()
+        self.busy.clear()  # nothing of the stopped engines runs any more
 
     def shutdown(self) -> None:
         """Destroy the group, then stop the engines and controller pgnb started."""
@@ -670,20 +681,6 @@ class Sandbox:
             self._stop_pool()
             self._set_rows((replace(r, state="destroyed", error="") if r.state != "lost" else r
                             for r in self._snapshot.ranks), phase="shut down", message="")
-            if current() is self:
-                set_current(None)
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
-def _lost_text(lost: dict[int, str]) -> str:
-    """``{2: "engine killed by SIGKILL"}`` -> ``"rank 2 lost (engine killed by SIGKILL)"``."""
-    by_cause: dict[str, list[int]] = {}
-    for r in sorted(lost):
-        by_cause.setdefault(lost[r], []).append(r)
-    return "; ".join(f"{_ranks_text(rs)} lost ({cause})" for cause, rs in by_cause.items())
 
 
 def _ename(exc: BaseException) -> str:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-import psutil
+from ..procs.reaper import process_alive
 
 #: Seconds between two looks at the engine pids.
 PERIOD = 0.3
@@ -46,15 +46,6 @@ def describe_exit(status: int | None) -> str:
         words = _SIGNAL_WORDS.get(sig)
         return f"engine killed by {sig.name}" + (f" ({words})" if words and words != "killed" else "")
     return f"engine exited with status {status}"
-
-
-def is_alive(pid: int, started: float) -> bool:
-    """The process ``pid`` that started at ``started`` still runs (a zombie or a reused pid does not)."""
-    try:
-        p = psutil.Process(pid)
-        return bool(abs(p.create_time() - started) < 0.01 and p.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
 
 
 class Watcher:
@@ -101,7 +92,7 @@ class Watcher:
             for pid, started in procs:
                 if self._stop.is_set():
                     return
-                if is_alive(pid, started):
+                if process_alive(pid, started):
                     continue
                 cause = self._cause(pid)
                 with self._lock:

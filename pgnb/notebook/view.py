@@ -16,13 +16,28 @@ from __future__ import annotations
 
 import html
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import ipywidgets as W
 
-if TYPE_CHECKING:
-    from .sandbox import Sandbox, Snapshot
-    from .spec import WorldSpec
+from ..core.report import status_table, summary_text
+from ..core.world import RankStatus, Snapshot
+from ..spec import WorldSpec
+
+class WorldLike(Protocol):
+    """What a view needs of a world: its snapshots, news of changes, and the buttons' two actions."""
+
+    def snapshot(self) -> Snapshot: ...
+
+    def add_listener(self, fn: Callable[[Any], None]) -> None: ...
+
+    def remove_listener(self, fn: Callable[[Any], None]) -> None: ...
+
+    def status(self) -> Any: ...
+
+    def shutdown(self) -> None: ...
+
 
 STATE_COLOURS = {
     "starting": "#9e9e9e",
@@ -35,36 +50,6 @@ STATE_COLOURS = {
 COLUMNS = ("rank", "host", "pid", "device", "backend", "world", "state", "error")
 _WIDTHS = ("6em", "9em", "5em", "5em", "9em", "3.5em", "7em", "auto")
 FINAL_PHASES = ("initialized", "failed", "destroyed", "shut down")
-
-
-def header_text(snap: Snapshot) -> str:
-    return f"pgnb world: {snap.spec.describe()}"
-
-
-def summary_text(snap: Snapshot) -> str:
-    n = snap.spec.world
-    counts: dict[str, int] = {}
-    for r in snap.ranks:
-        counts[r.state] = counts.get(r.state, 0) + 1
-    parts = [f"{k} {s}" for s, k in sorted(counts.items(), key=lambda kv: kv[0]) if s != "initialized"]
-    head = f"{snap.initialized}/{n} initialized"
-    return head + (f" ({', '.join(parts)})" if parts else "")
-
-
-def status_table(snap: Snapshot) -> str:
-    """The deterministic text form: the same facts every run, nothing machine-specific."""
-    rows = [("rank", "world", "backend", "device", "state", "error")]
-    for r in snap.ranks:
-        rows.append((str(r.rank), str(r.world_size), r.backend, r.device or "-", r.state, r.error))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = [f"{header_text(snap)} | {summary_text(snap)}"]
-    for row in rows:
-        cells = [c.ljust(w) for c, w in zip(row[:5], widths, strict=True)]
-        line = "  ".join(cells)
-        if row[5]:
-            line += "  " + row[5]
-        lines.append(line.rstrip())
-    return "\n".join(lines)
 
 
 class WorldReport:
@@ -109,7 +94,7 @@ def _close_one(w: W.Widget) -> None:
 class StatusView(W.VBox):
     """Live view of a world: header, one row per rank, and actions."""
 
-    def __init__(self, sandbox: Sandbox, live: bool = False, spec: WorldSpec | None = None, **kwargs: Any) -> None:
+    def __init__(self, sandbox: WorldLike, live: bool = False, spec: WorldSpec | None = None, **kwargs: Any) -> None:
         self._sandbox = sandbox
         self.live = live
         # what was asked for: a live view is shown before the sandbox has switched to it
@@ -149,7 +134,7 @@ class StatusView(W.VBox):
         except KeyError:  # see _close_one
             self.comm = None
 
-    def _on_change(self, sandbox: Sandbox) -> None:
+    def _on_change(self, sandbox: WorldLike) -> None:
         self.render(sandbox.snapshot())
 
     # ---- drawing -------------------------------------------------------
@@ -195,7 +180,7 @@ class StatusView(W.VBox):
         return "".join(f"<span style='{style};width:{w}{weight}'>{v}</span>"
                        for v, w in zip(values, _WIDTHS, strict=True))
 
-    def _row_html(self, r: Any) -> str:
+    def _row_html(self, r: RankStatus) -> str:
         colour = STATE_COLOURS.get(r.state, "#000")
         # the dot is decoration; keep the state cell's text exactly the state for tests and screen readers
         state = (f"<span style='color:{colour}'>&#9679;</span> "

@@ -1,8 +1,8 @@
 """An ipyparallel engine-set launcher that forks engines from a zygote.
 
 ``ipyparallel.Cluster(engine_launcher_class="pgnb.fork")`` (entry point) or
-``engine_launcher_class="pgnb._forklauncher.ForkEngineSetLauncher"`` starts
-each engine set as one zygote process (:mod:`pgnb._zygote`) that imports torch
+``engine_launcher_class="pgnb.procs.forklauncher.ForkEngineSetLauncher"`` starts
+each engine set as one zygote process (:mod:`pgnb.procs.zygote`) that imports torch
 and the engine once and forks the engines.  Engines are ordinary ipyparallel
 engines (nanny included) started with the same arguments and environment the
 ``local`` launcher would give ``ipengine``; they start without importing torch
@@ -51,13 +51,13 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode
 #: How often a waiting coroutine looks at the zygote's events.
 _POLL_SECONDS = 0.02
 
-#: Where this pgnb is imported from: the zygote imports pgnb._zygote from the
+#: Where this pgnb is imported from: the zygote imports pgnb.procs.zygote from the
 #: same place, whatever its working directory (the notebook's) holds.
-_PGNB_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PGNB_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-#: The zygote's ``python -c`` program: ``python -m pgnb._zygote`` that finds pgnb.
+#: The zygote's ``python -c`` program: ``python -m pgnb.procs.zygote`` that finds pgnb.
 _ZYGOTE_MAIN = (
-    "import sys; p = {path!r}; p in sys.path or sys.path.insert(1, p); from pgnb._zygote import main; sys.exit(main())"
+    "import sys; p = {path!r}; p in sys.path or sys.path.insert(1, p); from pgnb.procs.zygote import main; sys.exit(main())"
 )
 
 

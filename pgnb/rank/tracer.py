@@ -14,10 +14,10 @@ host, where that directory does not exist, keeps its records in memory and the
 kernel fetches them with ``take`` once the rank is free.
 
 Times come from ``clock()``, which the kernel also samples to measure this
-rank's clock offset (``pgnb.trace.measure_offsets``). Tests skew it with
+rank's clock offset (``pgnb.core.recording.measure_offsets``). Tests skew it with
 ``set_clock_skew`` to check that the kernel measures and corrects the offset.
 
-Like ``_engine``, this module is sent by reference to the engines: it imports
+Like ``pgnb.rank.engine``, this module is sent by reference to the engines: it imports
 nothing heavy at the top, and torch only inside the functions.
 """
 
@@ -91,10 +91,6 @@ def set_clock_skew(seconds: float) -> float:
     global _SKEW
     _SKEW = float(seconds)
     return _SKEW
-
-
-def is_tracing() -> bool:
-    return _STATE.get("recorder") is not None
 
 
 def wrapped_names() -> list[str]:

@@ -18,25 +18,21 @@ import os
 import signal
 import socket
 import time
-from typing import TYPE_CHECKING
-
-from .errors import NotStartedError, RankLost, SpecError
-
-if TYPE_CHECKING:
-    from .sandbox import Sandbox
+from ..errors import NotStartedError, RankLost, SpecError
+from .world import World
 
 #: Seconds to wait for pgnb's liveness watcher to notice the killed engine.
 NOTICE_WAIT = 5.0
 
 
-def kill_rank(sb: Sandbox, rank: int, wait: float = NOTICE_WAIT) -> str:
+def kill_rank(sb: World, rank: int, wait: float = NOTICE_WAIT) -> str:
     """SIGKILL the engine of ``rank`` and wait until pgnb has noticed; the one-line account.
 
     Only the engine process pgnb started for that rank is signalled, by pid.
     """
     engines = sb.engine_ids
     if not engines:
-        raise NotStartedError("no process group yet: run `%pg_init` (Sandbox.start()) first")
+        raise NotStartedError()
     if not 0 <= rank < len(engines):
         raise SpecError(f"no rank {rank}: the world has ranks 0-{len(engines) - 1}")
     lost = sb.lost_ranks([rank])

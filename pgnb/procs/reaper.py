@@ -44,7 +44,7 @@ class Reaper:
     def __init__(self, token: str) -> None:
         self.token = token
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "pgnb.reaper", str(os.getpid()), token],
+            [sys.executable, "-m", "pgnb.procs.reaper", str(os.getpid()), token],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -86,10 +86,6 @@ class Reaper:
     def release(self) -> None:
         """The owner cleaned up itself: the reaper exits without killing anything."""
         self._send("release")
-        self._close()
-
-    def reap_now(self) -> None:
-        """Close the pipe as a dying owner would: the reaper kills what it owns."""
         self._close()
 
     def _close(self) -> None:
@@ -209,7 +205,8 @@ def remove_cluster_files(state_file: str) -> list[str]:
     return removed
 
 
-def _process_alive(pid: int, started: float) -> bool:
+def process_alive(pid: int, started: float) -> bool:
+    """The process ``pid`` that started at ``started`` still runs (a zombie or a reused pid does not)."""
     import psutil
 
     try:
@@ -229,7 +226,7 @@ def sweep(profile_dir: str) -> list[str]:
     pattern = os.path.join(glob.escape(os.path.join(profile_dir, "security")), f"{STATE_PREFIX}*.json")
     for path in glob.glob(pattern):
         state = read_state(path)
-        if state is None or _process_alive(int(state["owner_pid"]), float(state["owner_started"])):
+        if state is None or process_alive(int(state["owner_pid"]), float(state["owner_started"])):
             continue
         kill_all(owned_by_token(str(state["token"])))
         removed += remove_cluster_files(path)

@@ -1,8 +1,8 @@
 """The zygote: import torch and the ipyparallel engine once, then fork engines.
 
-:class:`pgnb._forklauncher.ForkEngineSetLauncher` starts one zygote per engine
+:class:`pgnb.procs.forklauncher.ForkEngineSetLauncher` starts one zygote per engine
 set, running :func:`main` with ``--grace S [--preload MODULE ...]`` (what
-``python -m pgnb._zygote`` does), in its own session.  The zygote
+``python -m pgnb.procs.zygote`` does), in its own session.  The zygote
 imports the engine's modules and the preload modules (torch by default) while
 it is still single-threaded and has no zmq context, then forks one child per
 engine.  Each child sets up its own stdio, environment and working directory
@@ -488,7 +488,7 @@ def _run_engine(argv: list[str], nanny_sock: socket.socket | None) -> int:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pgnb._zygote", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pgnb.procs.zygote", description=__doc__.split("\n")[0])
     parser.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL at shutdown")
     parser.add_argument("--preload", action="append", default=[], help="module to import before forking (repeatable)")
     return parser.parse_args(argv)

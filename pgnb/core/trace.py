@@ -1,30 +1,19 @@
-"""``%%pg --trace``: what every rank's torch.distributed calls did, on one clock.
+"""``%%pg --trace``: what every rank's torch.distributed calls did, matched across ranks (a pure model).
 
 While a traced cell runs, each rank records its collective and point-to-point
-calls (``pgnb._tracer``): op, group, tensor shapes and dtypes, bytes, and when
-each call started and returned on the rank's own clock. This module is the
-kernel's side:
+calls (``pgnb.rank.tracer``): op, group, tensor shapes and dtypes, bytes, and
+when each call started and returned on the rank's own clock. The kernel reads
+the records (``pgnb.core.recording``) and moves their times onto its own clock
+with each rank's measured ``ClockOffset``.
 
-* ``measure_offsets`` measures each rank's clock offset from the kernel's, NTP
-  style: the kernel reads its clock, asks the rank for its clock (an apply
-  round trip), reads its clock again; of several round trips the shortest is
-  trusted, offset = rank clock - midpoint, uncertain by half the round trip.
-  Every traced time is corrected by it, so ranks on hosts whose clocks differ
-  still line up.
-* ``Trace`` holds the calls and matches them across ranks: the k-th
-  collective a rank makes on a group pairs with the k-th the other members
-  make on it; the k-th send from rank a to rank b pairs with the k-th receive
-  on b from a. A rank that arrived last makes the others wait; calls that do
-  not pair (a different op, shape or root, or a rank that never made the
-  call) are a mismatch, named in one line with the ranks and the call number.
-* ``Trace`` shows as deterministic text (the calls and shapes, who arrived
-  last when that is clear, the mismatches; no timings) and ``timeline()`` as a
-  picture (matplotlib PNG, one swimlane per rank, the wait for the slowest
-  participant hatched) which nbval does not compare.
-
-A rank stuck in a collective cannot answer the kernel, so ranks on this host
-write their records to a file in pgnb's 0700 directory and the kernel reads it
-directly; that is how a ``--timeout`` still shows the trace up to the hang.
+``Trace`` matches the calls across ranks: the k-th collective a rank makes on
+a group pairs with the k-th the other members make on it; the k-th send from
+rank a to rank b pairs with the k-th receive on b from a. A rank that arrived
+last makes the others wait; calls that do not pair (a different op, shape or
+root, or a rank that never made the call) are a mismatch, named in one line
+with the ranks and the call number. ``Trace`` shows as deterministic text
+(the calls and shapes, who arrived last when that is clear, the mismatches;
+no timings); ``pgnb.core.timeline`` draws it.
 """
 
 from __future__ import annotations
@@ -37,23 +26,14 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import _tracer
+from .._wire import TraceRecord
+from .text import ranks_text
 
-if TYPE_CHECKING:
-    from .cells import CellResult
-    from .sandbox import Sandbox
-
-#: Round trips per rank when measuring its clock offset (the shortest one is used).
-OFFSET_SAMPLES = 5
-#: Seconds one clock round trip may take before the rank counts as not answering.
-OFFSET_TIMEOUT = 5.0
 #: A rank "arrived last" only when it came at least this much later than every other
 #: participant: below it, who is last is noise, and the text must say the same every run.
 STRAGGLER_GAP = 0.5
-#: Seconds to wait for the records of a rank on another host (it must be idle to answer).
-FETCH_TIMEOUT = 5.0
 
 
 # ---- clocks ------------------------------------------------------------------------
@@ -75,48 +55,6 @@ class ClockOffset:
         """What is subtracted from the rank's times: the offset, when the measurement can tell
         it from zero (ranks on one host share a clock; correcting them by noise would only blur)."""
         return self.offset if self.measured and abs(self.offset) > self.uncertainty else 0.0
-
-
-def measure_offsets(sb: Sandbox, ranks: Iterable[int] | None = None,
-                    samples: int = OFFSET_SAMPLES) -> dict[int, ClockOffset]:
-    """Each rank's clock offset from the kernel's, measured over ``samples`` apply round trips.
-
-    All ranks are asked at once, round after round. The kernel-side times of a
-    round trip are the Client's own stamps (when the request was built, when
-    the reply arrived on its I/O thread), so a slow wake-up of this thread does
-    not count as network delay.
-    """
-    pairs = sb.ranks_to_engines(None if ranks is None else list(ranks))
-    best: dict[int, tuple[float, float]] = {}  # rank -> (round trip, offset)
-    count = dict.fromkeys((r for r, _ in pairs), 0)
-    alive = dict(pairs)
-    for _ in range(samples):
-        t0 = time.time()
-        asked = [(r, sb.client[e].apply_async(_tracer.clock)) for r, e in alive.items()]
-        for r, ar in asked:
-            try:
-                theirs = float(ar.get(timeout=OFFSET_TIMEOUT))
-            except Exception:  # busy or gone: no more samples from this rank
-                alive.pop(r, None)
-                continue
-            t3 = time.time()
-            sent, got = _stamp(ar, "submitted", t0), _stamp(ar, "received", t3)
-            if not sent <= got:
-                sent, got = t0, t3
-            count[r] += 1
-            sample = (got - sent, theirs - (sent + got) / 2)
-            if r not in best or sample[0] < best[r][0]:
-                best[r] = sample
-    return {r: ClockOffset(r, best[r][1], best[r][0] / 2, count[r]) if r in best
-            else ClockOffset(r, 0.0, math.inf, 0) for r, _ in pairs}
-
-
-def _stamp(ar: Any, key: str, fallback: float) -> float:
-    """An AsyncResult's metadata time (a datetime) as epoch seconds, or ``fallback``."""
-    import datetime
-
-    value = getattr(ar, key, None)
-    return float(value.timestamp()) if isinstance(value, datetime.datetime) else fallback
 
 
 # ---- what was recorded -------------------------------------------------------------
@@ -199,16 +137,6 @@ def _ranks_list(ranks: Iterable[int]) -> str:
     return "[" + ",".join(map(str, ranks)) + "]"
 
 
-def ranks_text(ranks: Iterable[int]) -> str:
-    """``[1]`` -> ``rank 1``; ``[0, 2, 3]`` -> ``ranks 0, 2, 3``; ``[0, 1, 2, 3]`` -> ``ranks 0-3``."""
-    rs = sorted(ranks)
-    if len(rs) == 1:
-        return f"rank {rs[0]}"
-    if len(rs) > 2 and rs == list(range(rs[0], rs[-1] + 1)):
-        return f"ranks {rs[0]}-{rs[-1]}"
-    return "ranks " + ", ".join(map(str, rs))
-
-
 def _bytes_text(n: int) -> str:
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
@@ -225,7 +153,7 @@ def _about(seconds: float) -> str:
     return f"{value:.{max(digits, 0)}f} s"
 
 
-def calls_from_records(rank: int, records: list[dict[str, Any]],
+def calls_from_records(rank: int, records: list[TraceRecord],
                        offset: float = 0.0) -> tuple[list[Call], float | None]:
     """Rebuild one rank's calls from its records, times moved onto the kernel's clock.
 
@@ -251,7 +179,7 @@ def calls_from_records(rank: int, records: list[dict[str, Any]],
     return [calls[i] for i in sorted(calls)], began
 
 
-def _call(rank: int, rec: dict[str, Any], offset: float) -> Call:
+def _call(rank: int, rec: TraceRecord, offset: float) -> Call:
     def tensors(items: Any) -> tuple[Tensor, ...]:
         return tuple((str(d), tuple(int(x) for x in s), int(b)) for d, s, b in items or [])
 
@@ -557,26 +485,6 @@ class Trace:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         return {"text/plain": self.summary()}
 
-    # -- picture --
-    def figure(self) -> Any:
-        """The timeline as a matplotlib ``Figure`` (no pyplot: it leaves the user's plots alone)."""
-        return _timeline_figure(self)
-
-    def timeline(self) -> TimelinePicture:
-        """The timeline as a PNG that displays in a notebook (and whose text form is deterministic)."""
-        import io
-
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        fig = self.figure()
-        FigureCanvasAgg(fig)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        n = self.n_calls
-        text = f"<pgnb timeline: {ranks_text(self.ranks)}, {n} call{'s' if n != 1 else ''}>"
-        return TimelinePicture(buf.getvalue(), text)
-
-
 def _runs(items: list[str]) -> list[str]:
     """``[a, a, a, b]`` -> ``["a ×3", "b"]``."""
     out: list[str] = []
@@ -601,211 +509,3 @@ def _differ(calls: list[Call]) -> str:
     if len({c.roles for c in calls}) > 1:
         return "different " + "/".join(sorted({k for c in calls for k, _ in c.roles}))
     return ""
-
-
-def _clock_note(offsets: dict[int, ClockOffset]) -> str:
-    measured = [o for o in offsets.values() if o.measured]
-    if not measured:
-        return "clock offsets not measured"
-    fixed = [o for o in measured if o.correction]
-    if not fixed:
-        worst = max(o.uncertainty for o in measured)
-        return f"rank clocks agree with the kernel's within ± {worst * 1e3:.1f} ms (measured)"
-    return "clock offsets measured and corrected: " + ", ".join(
-        f"rank {o.rank} {_ms(o.offset)}" for o in sorted(fixed, key=lambda o: o.rank))
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds:+.3f} s" if abs(seconds) >= 1 else f"{seconds * 1e3:+.1f} ms"
-
-
-class TimelinePicture:
-    """A PNG of a trace's timeline; its text form (which nbval compares) has no timings."""
-
-    def __init__(self, png: bytes, text: str) -> None:
-        self.png = png
-        self.text = text
-
-    def _repr_png_(self) -> bytes:
-        return self.png
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def save(self, path: str) -> None:
-        with open(path, "wb") as f:
-            f.write(self.png)
-
-
-# ---- the picture ------------------------------------------------------------------------
-_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
-
-
-def _timeline_figure(tr: Trace) -> Any:
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-
-    lanes = list(tr.ranks)
-    starts = [c.start for cs in tr.calls.values() for c in cs if c.start is not None]
-    origin = min([*tr.began.values(), *starts], default=tr.read_at)
-    ends = [c.end if c.end is not None else tr.read_at for cs in tr.calls.values() for c in cs]
-    ends += [c.done for cs in tr.calls.values() for c in cs if c.done is not None]
-    span = max([*ends, origin + 1e-3]) - origin
-    ops = sorted({c.op for cs in tr.calls.values() for c in cs})
-    colour = {op: _PALETTE[i % len(_PALETTE)] for i, op in enumerate(ops)}
-    fig = Figure(figsize=(10, 1.2 + 0.55 * len(lanes)), dpi=100)
-    ax = fig.add_subplot()
-    ymap = {r: i for i, r in enumerate(lanes)}
-    minw = span * 0.004  # a call of microseconds still shows as a sliver
-    labelled = 0
-    for r in lanes:
-        y = ymap[r]
-        ax.axhline(y, color="#e0e0e0", lw=0.8, zorder=0)
-        waiting: dict[str, list[tuple[float, float]]] = {}
-        working: dict[str, list[tuple[float, float]]] = {}
-        for c in tr.calls.get(r, []):
-            if c.start is None:
-                continue
-            s = c.start - origin
-            e = (c.end if c.end is not None else tr.read_at) - origin
-            w = min(c.wait, max(e - s, 0.0))
-            if w > 0:
-                waiting.setdefault(c.op, []).append((s, w))
-            working.setdefault(c.op, []).append((s + w, max(e - s - w, minw)))
-            if c.error or c.end is None:  # outlined in red: it raised, or never returned
-                ax.broken_barh([(s, max(e - s, minw))], (y - 0.3, 0.6), facecolors="none",
-                               edgecolors="#c62828", lw=1.5, zorder=3)
-            if c.done is not None and c.done - origin > e:
-                ax.plot([e, c.done - origin], [y, y], color=colour[c.op], lw=1, ls=":")
-            label = c.short() + (" (did not return)" if c.end is None else " (raised)" if c.error else "")
-            if (e - s) / span > 0.0095 * (len(label) + 2) and labelled < 200:  # only where it fits
-                labelled += 1
-                ax.text(s + (e - s) / 2, y, label, ha="center", va="center", fontsize=8, zorder=4)
-        # one collection per lane and op: thousands of calls draw as fast as a few
-        for op, segs in waiting.items():
-            ax.broken_barh(segs, (y - 0.3, 0.6), facecolors=colour[op], alpha=0.25, hatch="///",
-                           edgecolors=colour[op], lw=0, zorder=1)
-        for op, segs in working.items():
-            ax.broken_barh(segs, (y - 0.3, 0.6), facecolors=colour[op], lw=0, zorder=2)
-    # the last arrival of each collective where someone waited for it
-    for step in tr.steps:
-        if step.slowest is None:
-            continue
-        t = step.calls[step.slowest].start
-        if t is None:
-            continue
-        ys = [ymap[r] for r in step.calls if r in ymap]
-        ax.plot([t - origin] * 2, [min(ys) - 0.4, max(ys) + 0.4], color="#444", lw=1, ls="--")
-        ax.text(t - origin, min(ys) - 0.45, f"rank {step.slowest} arrives", fontsize=7, ha="center", va="bottom")
-    # calls a rank never made
-    for step in tr.steps:
-        if not step.mismatch:
-            continue
-        later = [c.start for c in step.calls.values() if c.start is not None]
-        x = (min(later) if later else tr.read_at) - origin
-        op = next(iter(step.calls.values())).op if step.calls else "call"
-        for r in [*step.missing, *step.untraced]:
-            if r in ymap:
-                ax.text(x, ymap[r], f"✗ never called {op} #{step.number}", color="#c62828", fontsize=8,
-                        va="center", ha="left", fontweight="bold")
-    ax.set_yticks(range(len(lanes)), [f"rank {r}" for r in lanes])
-    ax.set_ylim(len(lanes) - 0.5, -0.7)
-    ax.set_xlim(0, span * 1.02)
-    if span < 1.0:  # short cells read better in milliseconds
-        from matplotlib.ticker import FuncFormatter
-
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v * 1e3:g}"))
-        ax.set_xlabel("milliseconds since the cell started (kernel clock)")
-    else:
-        ax.set_xlabel("seconds since the cell started (kernel clock)")
-    note = _clock_note(tr.offsets)
-    ax.set_title(f"pgnb trace: {ranks_text(lanes)} · {note}", fontsize=9, loc="left")
-    handles = [Patch(color=colour[op], label=op) for op in ops]
-    if any(c.wait > 0 for cs in tr.calls.values() for c in cs):
-        handles.append(Patch(facecolor="white", edgecolor="#555", hatch="///", label="waiting for the last rank"))
-    if handles:
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    if tr.problems:  # the first mismatch, in words, under the picture
-        import textwrap
-
-        text = textwrap.fill(tr.problems[0], 150)
-        lines = text.count("\n") + 1
-        fig.set_figheight(fig.get_figheight() + 0.2 * lines)
-        fig.text(0.01, 0.01, text, color="#c62828", fontsize=8, va="bottom", ha="left")
-        fig.tight_layout(rect=(0, 0.04 + 0.045 * lines, 1, 1))
-    else:
-        fig.tight_layout()
-    return fig
-
-
-# ---- recording a cell ---------------------------------------------------------------------
-class Recording:
-    """One traced cell: the offsets measured before it, the file names, and reading them back."""
-
-    def __init__(self, sb: Sandbox, ranks: list[int], trace_dir: str | None) -> None:
-        self.sb = sb
-        self.ranks = list(ranks)
-        self.dir = trace_dir
-        self.token = uuid.uuid4().hex[:12]
-        self.offsets = measure_offsets(sb, self.ranks)
-
-    def name(self, rank: int) -> str:
-        return f"trace-{self.token}-{rank}.jsonl"
-
-    def engine_args(self, rank: int) -> dict[str, Any]:
-        """The ``trace=`` argument of ``_engine.run_cell`` for ``rank``."""
-        return {"trace_dir": self.dir, "name": self.name(rank), "meta": {"rank": rank}}
-
-    def collect(self, running: Iterable[int]) -> Trace:
-        """Read every rank's records (a running rank's from its file; it cannot answer)."""
-        running = sorted(running)
-        calls: dict[int, list[Call]] = {}
-        began: dict[int, float] = {}
-        unreadable: dict[int, str] = {}
-        read_at = time.time()
-        for r in self.ranks:
-            records = self._records(r, running)
-            if records is None:
-                unreadable[r] = ("it runs on another host and is still busy" if r in running
-                                 else "its records could not be read")
-                continue
-            off = self.offsets.get(r)
-            calls[r], start = calls_from_records(r, records, off.correction if off else 0.0)
-            if start is not None:
-                began[r] = start
-        return Trace(self.ranks, calls, offsets=self.offsets, running=running, began=began, read_at=read_at,
-                     unreadable=unreadable)
-
-    def _records(self, rank: int, running: list[int]) -> list[dict[str, Any]] | None:
-        path = None if self.dir is None else os.path.join(self.dir, self.name(rank))
-        if path is not None and os.path.exists(path):
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-            out = []
-            for line in data.split(b"\n"):
-                if line.strip():
-                    with contextlib.suppress(ValueError):  # a line being written right now
-                        out.append(json.loads(line))
-            return out
-        if rank in running:
-            return None
-        try:  # a rank on another host kept them in memory
-            eid = self.sb.engine_ids[rank]
-            return list(self.sb.client[eid].apply_async(_tracer.take).get(timeout=FETCH_TIMEOUT))
-        except Exception:
-            return None
-
-
-def execute(sb: Sandbox, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None,
-            label: int | None = None) -> CellResult:
-    """``Sandbox.execute`` with tracing: the result's ``trace`` is a ``Trace`` (also after a timeout)."""
-    from .cells import run_cell
-
-    return run_cell(sb, code, ranks=None if ranks is None else list(ranks), timeout=timeout, label=label,
-                    trace=True)

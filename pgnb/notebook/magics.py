@@ -1,28 +1,45 @@
-"""The notebook face: parse the magic's arguments, delegate to the Sandbox, display.
+"""The magics: parse the arguments, delegate to the Sandbox, display.
 
 Every ``PgnbError`` becomes a plain ``UsageError`` (IPython shows it as one
-line and fails the cell); nothing here prints-and-continues.
+line and fails the cell); nothing here prints-and-continues. The options of
+``%pg_init`` come from ``pgnb.spec.WorldSpec``'s fields, the one table of them.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from .cells import CellResult, parse_ranks
-from .errors import PgnbError
-from .sandbox import Sandbox, current, set_current
-from .spec import WorldSpec
+from ..core.failures import kill_rank
+from ..core.results import CellInterrupted
+from ..core.sandbox import Sandbox
+from ..core.show import gather
+from ..core.timeline import timeline
+from ..errors import NOT_STARTED, PgnbError
+from ..spec import WorldSpec, option_fields, parse_ranks
+from .current import current, set_current
+from .render import render_cell_result
+from .show import ShowView
 from .view import StatusView, WorldReport
 
-NOT_STARTED = "no process group yet: run %pg_init first (e.g. %pg_init --backend gloo --world 2)"
+_F = TypeVar("_F", bound=Callable[..., Any])
 #: Older views stop following the world, so re-running cells does not pile up listeners.
 LIVE_VIEWS = 4
+
+
+def _world_options(magic: _F) -> _F:
+    """The ``%pg_init`` options, one argument per field of ``WorldSpec`` (help, defaults and all)."""
+    for f in reversed(option_fields()):
+        given = f.metadata["given"]
+        magic = argument(*f.metadata["flags"], dest=f.name, metavar=f.metadata["metavar"],
+                         default=None if given is None else str(given), help=f.metadata["help"])(magic)
+    return magic
 
 
 @magics_class
@@ -56,34 +73,13 @@ class PgMagics(Magics):
     # ---- %pg_init ---------------------------------------------------------
     @line_magic
     @magic_arguments()
-    @argument("--backend", "-b", default="gloo",
-              help="torch backend: gloo, nccl, mpi, ucc, or a device map like cpu:gloo,cuda:nccl")
-    @argument("--world", "-n", default="2", help="world size = number of ranks (default 2)")
-    @argument("--init-method", default="env",
-              help="env, tcp, file, or a URL: env://, tcp://host:port, file:///path (default env)")
-    @argument("--timeout", default="60",
-              help="seconds; passed to torch and enforced by pgnb itself (default 60)")
-    @argument("--group-name", default="", help="passed to init_process_group (shown in the view)")
-    @argument("--launcher", default="fork",
-              help="ipyparallel engine launcher: fork (pgnb's: engines forked from one process that "
-              "imported torch once), local, mpi, slurm, ssh, ... (default fork)")
-    @argument("--profile", default=None, help="attach to the ipyparallel cluster of this IPython profile")
-    @argument("--cluster-id", default=None, help="attach to the ipyparallel cluster with this id")
-    @argument("--threads", default=None, help="torch intra-op threads per rank (default cores // world)")
-    @argument("--debug", default="off", help="TORCH_DISTRIBUTED_DEBUG on the ranks: off, info, detail")
-    @argument("--delay-rank", default="", metavar="RANK:SECONDS",
-              help="make a rank join the rendezvous late, e.g. 2:5 (for lessons)")
+    @_world_options
     @argument("--force", action="store_true", help="tear down whatever exists and start over")
     def pg_init(self, line: str) -> None:
         """Start or reuse engines and initialise the default process group on every rank."""
         args = _parse(self.pg_init, line)
         try:
-            spec = WorldSpec.validate(
-                backend=args.backend, world=args.world, init_method=args.init_method, timeout=args.timeout,
-                group_name=args.group_name, launcher=args.launcher, profile=args.profile,
-                cluster_id=args.cluster_id, threads=args.threads, debug=args.debug,
-                delay_ranks=args.delay_rank,
-            )
+            spec = WorldSpec.validate(**{f.name: getattr(args, f.name) for f in option_fields()})
         except PgnbError as e:
             raise UsageError(str(e)) from None
         sb = current()
@@ -128,15 +124,13 @@ class PgMagics(Magics):
         each rank: a list indexed by rank, None for ranks that did not run or
         had no value. Values are copied from the ranks (tensors arrive on the
         CPU); one that cannot be pickled, or is over 64 MiB, is a
-        pgnb.cells.RankValue that shows the rank's text of it.
+        pgnb.RankValue that shows the rank's text of it.
 
         Without --timeout a cell runs as long as it needs; the interrupt
         button interrupts the ranks. A rank blocked in a collective that not
         every rank entered cannot be interrupted: pgnb shows where it is
         blocked and the %pg_init ... --force line that restarts the world.
         """
-        from .cells import CellInterrupted
-
         args = _parse(self.pg, line)
         sb = self._world()
         try:
@@ -154,12 +148,8 @@ class PgMagics(Magics):
         try:
             if push:
                 sb.push({n: self.shell.user_ns[n] for n in push}, ranks=ranks)
-            if args.trace:
-                from .trace import execute as traced_execute
-
-                result = traced_execute(sb, cell, ranks=ranks, timeout=timeout, label=self.shell.execution_count)
-            else:
-                result = sb.execute(cell, ranks=ranks, timeout=timeout, label=self.shell.execution_count)
+            result = sb.execute(cell, ranks=ranks, timeout=timeout, label=self.shell.execution_count,
+                                trace=args.trace)
         except CellInterrupted as e:
             result = e.result
         except PgnbError as e:
@@ -168,7 +158,7 @@ class PgMagics(Magics):
         if result.trace is not None:
             self.shell.user_ns["_pg_trace"] = result.trace
             display(result.trace)
-            display(result.trace.timeline())
+            display(timeline(result.trace))
         values = result.values
         self.shell.user_ns["_pg"] = values
         if out_name:
@@ -185,16 +175,14 @@ class PgMagics(Magics):
     def pg_show(self, line: str) -> None:
         """Show a variable of every rank in one view: tensors as a rank × element grid
         coloured by value, scalars and strings as a column; differing shapes or dtypes are marked."""
-        from .show import gather
-
         args = _parse(self.pg_show, line)
         sb = self._world()
         try:
             ranks = parse_ranks(args.ranks, sb.spec.world)
-            view = gather(args.name, ranks=ranks, sandbox=sb)
-        except (ValueError, PgnbError) as e:  # bad --ranks, a name that is no name, no world
+            values = gather(args.name, ranks=ranks, world=sb)
+        except (ValueError, PgnbError) as e:  # bad --ranks, a name that is no name, a busy or lost rank
             raise UsageError(str(e)) from None
-        display(view)
+        display(ShowView(values))
 
     @line_magic
     @magic_arguments()
@@ -203,8 +191,6 @@ class PgMagics(Magics):
         """Kill a rank's engine (SIGKILL), as a crash would: for lessons in failure.
 
         pgnb then reports the rank lost; `%pg_init ... --force` restarts the world."""
-        from .lessons import kill_rank
-
         args = _parse(self.pg_kill, line)
         sb = self._world()
         if not (args.rank.isascii() and args.rank.isdigit()):
@@ -275,25 +261,3 @@ def _names(option: str, text: str | None) -> list[str]:
         if not n.isidentifier():
             raise ValueError(f"{option} {text!r}: {n!r} is not a variable name; use e.g. {option} x,y")
     return names
-
-
-def render_cell_result(result: CellResult) -> None:
-    """Show ``result.pieces()`` in order: each rank's output under a ``[rank N]`` heading.
-
-    Text goes to the cell's stdout/stderr (flushed at every switch, so the
-    order holds), rich outputs go through ``display``.
-    """
-    import sys
-
-    last = None
-    for kind, piece in result.pieces():
-        if last is not None and last != kind:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        if kind == "display":
-            display(piece, raw=True)
-        else:
-            (sys.stdout if kind == "stdout" else sys.stderr).write(piece)
-        last = kind
-    sys.stdout.flush()
-    sys.stderr.flush()

@@ -3,7 +3,7 @@
 Pure planning (no engines, no torch): given the spec, the port rank 0
 bound, and what each engine said about itself, build each rank's
 ``init_rank`` plan. Rank 0 always serves the TCP store on a socket it bound
-itself (see ``_engine.listen_for_store``); ranks 1.. reach it through the
+itself (see ``pgnb.rank.engine.listen_for_store``); ranks 1.. reach it through the
 ``init_method`` the user asked for, so ``env://`` and ``tcp://`` mean what
 the torch docs say.
 """
@@ -11,13 +11,12 @@ the torch docs say.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from .spec import DEBUG_LEVELS, WorldSpec
+from .._wire import EngineFacts, InitPlan
+from ..spec import DEBUG_LEVELS, WorldSpec
 
 #: The file:// store's name in pgnb's store directory.
 STORE_FILE = "store"
@@ -25,7 +24,7 @@ STORE_FILE = "store"
 
 @dataclass(frozen=True)
 class EngineInfo:
-    """What one engine told us about itself (``_engine.describe``)."""
+    """What one engine told us about itself (``pgnb.rank.engine.describe``)."""
 
     engine_id: int
     pid: int
@@ -90,8 +89,8 @@ def plans(
     master_addr: str,
     port: int,
     store_dir: str | None,
-) -> list[dict[str, Any]]:
-    """One ``_engine.init_rank`` plan per rank, in rank order."""
+) -> list[InitPlan]:
+    """One ``pgnb.rank.engine.init_rank`` plan per rank, in rank order."""
     url = init_url(spec, master_addr, port, store_dir)
     uses_store_socket = spec.scheme in ("env", "tcp")
     delays = dict(spec.delay_ranks)
@@ -108,7 +107,7 @@ def plans(
         if engine.iface:
             # gloo binds to the hostname's address unless told; keep it on the route we know works
             env["GLOO_SOCKET_IFNAME"] = engine.iface
-        plan: dict[str, Any] = {
+        plan: InitPlan = {
             "backend": spec.backend,
             "init_method": url,
             "timeout": spec.timeout,
@@ -128,20 +127,3 @@ def plans(
             plan["rank_from_env"] = rank
         out.append(plan)
     return out
-
-
-class OwnedDir:
-    """A 0700 temp directory pgnb made and removes (file:// stores live here)."""
-
-    def __init__(self, prefix: str = "pgnb-") -> None:
-        self.path = tempfile.mkdtemp(prefix=prefix)  # mkdtemp makes it 0700
-        os.chmod(self.path, 0o700)
-
-    def private_file(self, name: str) -> str:
-        """Create ``name`` in the directory, empty and 0600 (torch's FileStore would make it 0644)."""
-        path = os.path.join(self.path, name)
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-        return path
-
-    def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)

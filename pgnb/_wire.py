@@ -1,0 +1,155 @@
+"""What the kernel and the ranks say to each other, typed (standard library only).
+
+The kernel side (``pgnb.core``) sends these to the engines and reads them
+back; the rank side (``pgnb.rank``) builds and answers them. Both import this
+module and nothing of each other, so a message has one definition.
+
+Rank states and world phases are ``Literal`` types: a state is one of these
+strings and nothing else, and a checker sees a typo.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal, TypedDict, get_args
+
+#: A rank as the status view shows it: ``starting`` -> ``pending`` (rendezvous) -> ``initialized``;
+#: or ``failed`` (with the error), ``destroyed``, ``lost`` (its engine died).
+RankState = Literal["starting", "pending", "initialized", "failed", "destroyed", "lost"]
+RANK_STATES: tuple[RankState, ...] = get_args(RankState)
+
+#: Where a world is in its life, in order; ``failed`` can follow any step before ``initialized``.
+WorldPhase = Literal[
+    "new", "starting engines", "importing torch", "rendezvous", "initialized", "failed", "destroyed", "shut down"
+]
+WORLD_PHASES: tuple[WorldPhase, ...] = get_args(WorldPhase)
+
+#: What one rank did with one ``%%pg`` cell.
+CellState = Literal["finished", "failed", "still running", "lost"]
+
+
+class EngineFacts(TypedDict):
+    """``pgnb.rank.engine.describe``: who and where an engine is (asked before torch is imported)."""
+
+    pid: int
+    ppid: int
+    host: str
+    addr: str  # this engine's address on the route to the controller
+    iface: str | None  # the network interface of that address
+    launcher_rank: int | None  # MPI COMM_WORLD rank or SLURM_PROCID, when a launcher numbered the process
+    nanny_pid: int | None
+
+
+class _InitPlanBase(TypedDict):
+    backend: str
+    init_method: str
+    timeout: float
+    group_name: str
+    threads: int  # torch intra-op threads
+    env: dict[str, str]  # MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, ... set before init
+    cuda: bool
+    local_rank: int
+    delay: float  # seconds this rank waits before joining (lessons: a late rank)
+    master_addr: str
+    world_size: int
+
+
+class InitPlan(_InitPlanBase, total=False):
+    """``pgnb.rank.engine.init_rank``: everything one rank needs to join the world."""
+
+    rank: int  # passed to init_process_group (absent: env:// reads RANK from ``env``)
+    rank_from_env: int  # the rank env:// will read, for the record
+
+
+class _RankReportBase(TypedDict):
+    pid: int
+    host: str
+    initialized: bool
+
+
+class RankReport(_RankReportBase, total=False):
+    """``pgnb.rank.engine.rank_status``: what torch itself says about the rank's default group."""
+
+    rank: int
+    world_size: int
+    backend: str  # dist.get_backend()
+    backend_config: str  # dist.get_backend_config(): "cpu:gloo,cuda:nccl" where get_backend() says "undefined"
+    device: str
+    init_seconds: float | None
+
+
+#: A cell's last value as it travels: ``("pickle", bytes)``, or ``("text", why it stayed on the rank)``.
+PackedValue = tuple[Literal["pickle", "text"], Any]
+
+
+class _CellReplyBase(TypedDict):
+    ok: bool
+    before_exec: bool  # the cell never ran (a SyntaxError and friends)
+
+
+class CellReply(_CellReplyBase, total=False):
+    """``pgnb.rank.cell.run_cell``: how a ``%%pg`` cell ended on one rank (output travels on iopub)."""
+
+    ename: str
+    evalue: str
+    traceback: list[str]  # trimmed to the cell: the same text on every run and machine
+    value: PackedValue
+
+
+class TraceArgs(TypedDict):
+    """``run_cell(trace=...)``: where a traced cell's rank writes its records."""
+
+    trace_dir: str | None
+    name: str
+    meta: dict[str, Any]
+
+
+class TraceRecord(TypedDict, total=False):
+    """One line of a rank's trace file (JSON). Keys are short: a rank writes two per call.
+
+    ``e`` says which record it is: ``"h"`` header (``pid``, ``t``, ``rank``), ``"b"`` a call
+    began, ``"e"`` it returned, ``"d"`` its async work completed. Times are the rank's
+    ``pgnb.rank.tracer.clock()``.
+    """
+
+    e: Literal["h", "b", "e", "d"]
+    i: int  # the call's number on this rank (1-based)
+    t: Any  # "h": the rank's clock at the start; "b": the tensors, [[dtype, shape, bytes], ...]
+    pid: int
+    rank: int
+    op: str  # the torch.distributed function
+    kind: Literal["coll", "p2p"]
+    g: list[int]  # the group's global ranks
+    w: bool  # the group is the default (world) group
+    a: dict[str, Any]  # the roles every rank must agree on: op, src, dst, ...
+    dir: Literal["send", "recv"]
+    peer: int | None
+    batch: list[Any]  # batch_isend_irecv: [[direction, peer, tensors], ...]
+    uneven: bool  # shapes may differ across ranks (all_to_all with splits)
+    note: str
+    t0: float  # began
+    t1: float  # returned
+    t2: float  # async work completed
+    err: str  # what it raised
+
+
+class _ValueSummaryBase(TypedDict):
+    kind: Literal["tensor", "scalar", "text", "missing"]
+
+
+class ValueSummary(_ValueSummaryBase, total=False):
+    """``pgnb.rank.values.fetch``: what ``%pg_show`` needs of one rank's value, never the whole value."""
+
+    dtype: str
+    shape: list[int]
+    numel: int
+    head: list[Any]  # the first elements, flattened
+    device: str
+    type: str
+    value: Any
+    cut: bool  # text shortened
+
+
+def stack_file(stack_dir: str, pid: int) -> str:
+    """Where the engine with ``pid`` writes its faulthandler dumps (one 0600 file per engine)."""
+    return os.path.join(stack_dir, f"stacks-{pid}.txt")

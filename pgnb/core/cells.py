@@ -1,0 +1,178 @@
+"""Running a ``%%pg`` cell on the ranks of a ``World``, gathered in rank order.
+
+``run_cell`` submits the code to every chosen rank at once (collectives need
+all ranks inside the call together) and waits, without a deadline unless one
+is given. It returns a ``CellResult`` (``pgnb.core.results``): per rank,
+stdout, stderr, rich outputs, the last expression's value and the error.
+
+Each cell runs on its engine as ``pgnb.rank.cell.run_cell`` (an apply
+request), not as an ipyparallel ``execute``: an execute that fails makes the
+engine abort whatever was queued behind it, so the next cell would fail with a
+stale ``TaskAborted``.
+
+Ranks still running at the deadline (or after an interrupt they could not
+obey) are asked where they are blocked (``pgnb.core.stacks``) and recorded in
+the world's busy registry, so the next call to them refuses at once.
+Tracing is passed in (a ``Recorder``, see ``pgnb.core.recording``): this
+module knows only its shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import time
+from typing import Any, Protocol
+
+from .._wire import CellReply, TraceArgs
+from ..rank import cell as rank_cell
+from ..spec import init_command
+from .busy import BusyEntry
+from .results import CellInterrupted, CellResult, RankOutput, RankValue
+from .stacks import Stack, dump_stacks, is_local
+from .trace import Trace
+from .world import World
+
+#: Seconds interrupted ranks get to stop before pgnb calls them stuck.
+INTERRUPT_GRACE = 2.0
+
+
+class Recorder(Protocol):
+    """What a traced cell needs of its recording (``pgnb.core.recording.Recording``)."""
+
+    def engine_args(self, rank: int) -> TraceArgs: ...
+
+    def collect(self, running: list[int]) -> Trace: ...
+
+
+def cell_name(label: int | None) -> str:
+    """How messages name a cell: ``cell In [12]``, or ``an earlier cell`` from the API."""
+    return f"cell In [{label}]" if label is not None else "an earlier cell"
+
+
+def run_cell(world: World, code: str, ranks: list[int] | None = None, timeout: float | None = None,
+             label: int | None = None, recording: Recorder | None = None) -> CellResult:
+    """Run ``code`` on the ranks at once; wait until all finish (or ``timeout``); gather in rank order.
+
+    ``label`` is the notebook cell number tracebacks show (``Cell In[label]``).
+    A ``KeyboardInterrupt`` while waiting interrupts the ranks and raises
+    ``CellInterrupted`` carrying the result. ``recording``: the ranks'
+    torch.distributed calls are recorded into ``result.trace``.
+    """
+    pairs = world.engines_for(ranks)
+    client = world.client
+    stack_dir = world.scratch_dir
+    ars: list[tuple[int, Any]] = []
+    deadline = None if timeout is None else time.monotonic() + timeout
+    interrupted = False
+    lost: dict[int, str] = {}
+    try:
+        for r, e in pairs:  # an interrupt even while submitting reaches the ranks already started
+            trace = None if recording is None else recording.engine_args(r)
+            ars.append((r, client[e].apply_async(rank_cell.run_cell, code, label, stack_dir, trace=trace)))
+        lost = world.wait_ranks(ars, deadline)  # also stops soon after a rank's engine dies
+    except KeyboardInterrupt:
+        interrupted = True
+        _interrupt(world, [(r, ar) for r, ar in ars if not ar.ready()])
+    running = [r for r, ar in ars if not ar.ready() and r not in lost]
+    stacks = dump_stacks({r: world.rank_infos[r] for r in running}, stack_dir, code)
+    for r, ar in ars:
+        if r in running:
+            world.busy.add(r, BusyEntry(world.engine_ids[r], ar, client, cell_name(label), code))
+    rows = [_collect(r, ar, stacks.get(r)) for r, ar in ars]
+    for row in rows:
+        if row.rank in lost:
+            row.state, row.ename, row.evalue, row.traceback = "lost", "EngineError", lost[row.rank], []
+    result = CellResult(rows, world=world.spec.world, recover=init_command(world.spec), timeout=timeout,
+                        interrupted=interrupted)
+    if recording is not None:
+        result.trace = recording.collect([r for r, ar in ars if not ar.ready()])
+    if interrupted:
+        raise CellInterrupted(result)
+    return result
+
+
+def _wait(ars: list[tuple[int, Any]], deadline: float | None) -> None:
+    for _, ar in ars:
+        while not ar.ready():
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if left <= 0:
+                return
+            ar.wait(left)  # wakes as soon as the result is in; short slices keep Ctrl-C responsive
+
+
+def _interrupt(world: World, running: list[tuple[int, Any]]) -> None:
+    """SIGINT the engines of the running ranks, then give them ``INTERRUPT_GRACE`` to stop."""
+    for r, _ in running:
+        info = world.rank_infos[r]
+        try:
+            if is_local(info):
+                os.kill(info.pid, signal.SIGINT)
+            else:  # the engine's nanny, on its own host, passes the signal on
+                world.client.send_signal("SIGINT", targets=[info.engine_id], block=False)
+        except Exception:  # the engine is gone: its task fails with EngineError and is reported as lost
+            pass
+    with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting, report now
+        _wait(running, time.monotonic() + INTERRUPT_GRACE)
+
+
+def _collect(rank: int, ar: Any, stack: Stack | None) -> RankOutput:
+    out = RankOutput(rank)
+    if not ar.ready():
+        out.state = "still running"
+        out.stdout, out.stderr = _streams(ar)
+        if stack is not None:
+            out.stack, out.blocked_in, out.stack_note = list(stack.frames), stack.blocked_in, stack.note
+        return out
+    out.stdout, out.stderr = _streams(ar)  # waits for the iopub messages, which can trail the reply
+    try:
+        reply: CellReply = ar.get(timeout=0)
+    except Exception as e:  # the apply itself failed: engine died, or interrupted outside the cell
+        if str(getattr(e, "ename", None) or type(e).__name__) == "EngineError":  # RemoteError wraps it
+            out.state, out.ename, out.evalue = "lost", "EngineError", "engine died"
+            return out
+        out.state = "failed"
+        out.ename = str(getattr(e, "ename", type(e).__name__))
+        out.evalue = str(getattr(e, "evalue", e))
+    else:
+        if not reply.get("ok", False):
+            out.state = "failed"
+            out.ename, out.evalue = str(reply.get("ename", "")), str(reply.get("evalue", ""))
+            out.traceback = list(reply.get("traceback") or [])
+            out.before_exec = bool(reply.get("before_exec"))
+        er = _metadata(ar, "execute_result")
+        if er:
+            out.result = dict(er.get("data", {}))
+            out.value = _unpack_value(rank, reply.get("value"), out.value_text or "")
+        out.outputs = [dict(o.get("data", {})) for o in _metadata(ar, "outputs") or []]
+    return out
+
+
+def _metadata(ar: Any, key: str) -> Any:
+    return getattr(ar, key, None)  # a one-engine AsyncResult exposes its metadata as attributes
+
+
+def _unpack_value(rank: int, packed: Any, text: str) -> Any:
+    if not packed:
+        return None
+    kind, data = packed
+    if kind == "pickle":
+        try:
+            return pickle.loads(data)  # noqa: S301 - our own engines made it, from the cell's value
+        except Exception as e:  # e.g. a class defined only on the rank
+            return RankValue(rank, text, f"cannot be unpickled in the kernel ({type(e).__name__})")
+    return RankValue(rank, text, str(data))
+
+
+def _streams(ar: Any) -> tuple[str, str]:
+    if ar.ready():
+        with contextlib.suppress(Exception):  # streams are best effort once the task is done
+            ar.wait_for_output(timeout=1)
+    stdout, stderr = ar.stdout, ar.stderr
+    if isinstance(stdout, list):
+        stdout = "".join(s or "" for s in stdout)
+    if isinstance(stderr, list):
+        stderr = "".join(s or "" for s in stderr)
+    return stdout or "", stderr or ""

@@ -1,0 +1,63 @@
+"""``pgnb.Sandbox``: the facade over a world and everything built on it (no IPython).
+
+A ``Sandbox`` is a ``World`` (start, status, run, destroy, shutdown) that also
+runs notebook cells (``execute``, with ``trace=True`` for ``%%pg --trace``) and
+moves values in and out of the ranks' namespaces (``push``, ``pull``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import SpecError
+from ..rank import values
+from .cells import run_cell
+from .recording import Recording
+from .results import CellResult
+from .world import World
+
+
+class Sandbox(World):
+    """A torch.distributed world on ipyparallel engines.
+
+    >>> with Sandbox(backend="gloo", world=2) as sb:       # doctest: +SKIP
+    ...     sb.run(lambda: __import__("torch.distributed").distributed.get_rank())
+    [0, 1]
+
+    The keywords are the options of ``pgnb.spec.WorldSpec`` (the same as ``%pg_init``'s).
+    """
+
+    def execute(self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None,
+                label: int | None = None, trace: bool = False) -> CellResult:
+        """Run a code string in each rank's namespace; a ``CellResult`` in rank order.
+
+        A rank's error is in the result (``result.error()``), not raised; ranks still
+        running at ``timeout`` are reported with their stacks. Ctrl-C interrupts the
+        ranks and raises ``pgnb.CellInterrupted`` (a ``KeyboardInterrupt``).
+        ``trace``: record every torch.distributed call into ``result.trace``.
+        """
+        chosen = None if ranks is None else list(ranks)
+        recording = None
+        if trace:
+            self.engines_for(chosen)  # refuse before measuring clocks on a busy or lost rank
+            recording = Recording(self, chosen)
+        return run_cell(self, code, ranks=chosen, timeout=timeout, label=label, recording=recording)
+
+    def push(self, values_: dict[str, Any] | None = None, /, *, ranks: Iterable[int] | None = None,
+             timeout: float | None = None, **named: Any) -> None:
+        """Copy values into every rank's namespace (or ``ranks``): ``sb.push(lr=0.1, data=t)``.
+
+        A dict works too, for names that clash with the keywords: ``sb.push({"ranks": r})``.
+        """
+        ns = {**(values_ or {}), **named}
+        bad = [k for k in ns if not (isinstance(k, str) and k.isidentifier())]
+        if bad:
+            raise SpecError(f"cannot push {bad[0]!r}: a name on the ranks must be a Python identifier")
+        self.run(values.push_values, ns, ranks=None if ranks is None else list(ranks), timeout=timeout)
+
+    def pull(self, name: str, ranks: Iterable[int] | None = None, timeout: float | None = None) -> list[Any]:
+        """The value of ``name`` on every rank (or ``ranks``), in rank order; tensors arrive on the CPU."""
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise SpecError(f"cannot pull {name!r}: give the plain name of a variable on the ranks")
+        return self.run(values.pull_value, name, ranks=None if ranks is None else list(ranks), timeout=timeout)

@@ -1,0 +1,156 @@
+"""Where a rank that is still running is blocked: its Python stack, trimmed to the cell.
+
+Every engine registered ``faulthandler`` on SIGUSR1 into a 0600 file in a
+0700 directory the world owns (``pgnb.rank.cell.enable_stack_dumps``). A C
+signal handler answers even while the rank is blocked inside a gloo
+collective (which ignores SIGINT). The stack is trimmed to the frames that
+matter: the cell's own code and what it called.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import signal
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .._wire import stack_file
+from ..rank import tracer
+from ..rank.cell import short_path
+from .rendezvous import EngineInfo
+
+#: Seconds to wait for a rank's faulthandler dump to be written.
+STACK_WAIT = 1.0
+#: Frames shown at most per stuck rank (innermost kept).
+STACK_FRAMES = 12
+
+_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+_CELL_FILE = re.compile(r"(^<ipython-input-)|(/ipykernel_\d+/\d+\.py$)")
+#: pgnb's own trace wrapper (%%pg --trace) is not where the user is blocked
+_TRACER_FILE = os.path.join(*tracer.__name__.split(".")) + ".py"
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Where one still-running rank is: its frames (most recent call last) and the innermost one."""
+
+    frames: tuple[str, ...] = ()
+    blocked_in: str = ""  # e.g. "all_reduce (distributed_c10d.py:3252)" or "the cell, line 3"
+    note: str = ""  # why there are no frames
+
+
+def is_local(info: EngineInfo) -> bool:
+    return info.host == socket.gethostname()
+
+
+def dump_stacks(infos: Mapping[int, EngineInfo], stack_dir: str, code: str = "") -> dict[int, Stack]:
+    """Ask each rank of ``infos`` (``rank -> its engine``) for its Python stack.
+
+    ``code`` is the cell's source, for the source lines of its own frames.
+    """
+    out: dict[int, Stack] = {}
+    asked: dict[int, tuple[str, int]] = {}
+    for r, info in infos.items():
+        path = stack_file(stack_dir, info.pid)
+        if not is_local(info):
+            out[r] = Stack(note=f"it runs on host {info.host}")
+            continue
+        if not os.path.exists(path):  # not registered: SIGUSR1 would kill the engine
+            out[r] = Stack(note="the engine has no stack dumps enabled")
+            continue
+        size = os.path.getsize(path)
+        try:
+            os.kill(info.pid, signal.SIGUSR1)
+        except OSError:
+            out[r] = Stack(note="the engine process is gone")
+            continue
+        asked[r] = (path, size)
+    # faulthandler writes the whole dump from its signal handler at once; wait until the file stops growing
+    deadline = time.monotonic() + STACK_WAIT
+    dumps: dict[int, str] = {}
+    seen: dict[int, str] = {}
+    while asked.keys() - dumps.keys() and time.monotonic() < deadline:
+        time.sleep(0.02)
+        for r, (path, size) in asked.items():
+            if r not in dumps:
+                text = _read_from(path, size)
+                if text and text == seen.get(r):
+                    dumps[r] = text
+                seen[r] = text
+    dumps.update({r: t for r, t in seen.items() if r not in dumps and t})
+    for r in asked:
+        if r in dumps:
+            frames, where = trim_stack(dumps[r], code)
+            out[r] = Stack(tuple(frames), where, "" if frames else "its stack shows no cell code")
+        else:
+            out[r] = Stack(note="it did not answer the stack request in time")
+    return out
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def trim_stack(dump: str, code: str = "") -> tuple[list[str], str]:
+    """The cell's frames from a faulthandler dump, most recent call last, and where it is blocked.
+
+    The thread running the cell is the one with IPython's ``run_code`` frame;
+    the frames above it (IPython, ipykernel, ipyparallel) are dropped. Each
+    frame gets its source line, from ``code`` for the cell's own frames.
+    """
+    threads: list[list[tuple[str, int, str]]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            threads.append([])
+            continue
+        m = _FRAME.match(line)
+        if m and threads:
+            threads[-1].append((m["file"], int(m["line"]), m["func"].strip()))
+    for frames in threads:
+        cut = next((i for i, (f, _, fn) in enumerate(frames)
+                    if fn == "run_code" and f.endswith(os.path.join("IPython", "core", "interactiveshell.py"))), None)
+        if not cut:
+            continue
+        # innermost first
+        mine = [f for f in frames[:cut] if not f[0].endswith(_TRACER_FILE)][:STACK_FRAMES]
+        cell_file = frames[cut - 1][0]
+        lines = []
+        for f, ln, fn in reversed(mine):
+            lines.append(_frame_text(f, ln, fn, cell_file))
+            src = _source_line(f, ln, cell_file, code)
+            if src:
+                lines.append(f"    {src}")
+        f, ln, fn = mine[0]
+        if f == cell_file:
+            where = f"the cell, line {ln}"
+        elif _CELL_FILE.search(f):
+            where = f"{fn} (an earlier cell, line {ln})"
+        else:
+            where = f"{fn} ({os.path.basename(f)}:{ln})"
+        return lines, where
+    return [], ""
+
+
+def _source_line(path: str, line: int, cell_file: str, code: str) -> str:
+    if path == cell_file:
+        lines = code.splitlines()
+        return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    return linecache.getline(path, line).strip()
+
+
+def _frame_text(path: str, line: int, func: str, cell_file: str) -> str:
+    where = "" if func == "<module>" else f", in {func}"
+    if path == cell_file:
+        return f"  Cell, line {line}{where}"
+    if _CELL_FILE.search(path):
+        return f"  Earlier cell, line {line}{where}"
+    return f'  File "{short_path(path)}", line {line}{where}'

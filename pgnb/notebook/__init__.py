@@ -1,0 +1,1 @@
+"""The notebook face: magics, the status view, %pg_show's HTML; the only place that imports IPython's magics or ipywidgets."""

@@ -1,0 +1,29 @@
+"""Showing a ``CellResult`` in the cell that ran it: each rank's output under ``[rank N]``, in rank order."""
+
+from __future__ import annotations
+
+import sys
+
+from IPython.display import display
+
+from ..core.results import CellResult
+
+
+def render_cell_result(result: CellResult) -> None:
+    """Show ``result.pieces()`` in order.
+
+    Text goes to the cell's stdout/stderr (flushed at every switch, so the
+    order holds), rich outputs go through ``display``.
+    """
+    last = None
+    for kind, piece in result.pieces():
+        if last is not None and last != kind:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        if kind == "display":
+            display(piece, raw=True)
+        else:
+            (sys.stdout if kind == "stdout" else sys.stderr).write(piece)
+        last = kind
+    sys.stdout.flush()
+    sys.stderr.flush()

@@ -1,0 +1,166 @@
+"""A ``%%pg`` cell on one rank: run it, trim its traceback, pack its value, dump stacks on request.
+
+Sent by reference to the engines (``pgnb.rank.cell.run_cell``); nothing heavy
+is imported at the top. The cell's output travels on the engine's iopub
+stream; the reply (``pgnb._wire.CellReply``) says how the cell ended.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from .._wire import CellReply, PackedValue, TraceArgs, stack_file
+from .values import to_cpu
+
+#: Last-expression values bigger than this stay on the rank (``_pg`` gets a stand-in).
+VALUE_LIMIT = 64 * 2**20
+_STATE: dict[str, Any] = {}
+
+
+def enable_stack_dumps(stack_dir: str | None) -> str | None:
+    """Dump every thread's Python stack into a 0600 file on SIGUSR1.
+
+    faulthandler writes from a C signal handler, so the dump works while the
+    main thread is blocked inside a gloo collective (which ignores SIGINT).
+    ``stack_dir`` is a 0700 directory the kernel made; on another host it does
+    not exist and the rank simply has no dumps. Idempotent.
+    """
+    import faulthandler
+    import signal
+
+    path = None if stack_dir is None else stack_file(stack_dir, os.getpid())
+    if path is None or _STATE.get("stack_path") == path:
+        return _STATE.get("stack_path")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return None
+    old = _STATE.pop("stack_file", None)
+    _STATE["stack_file"] = f = os.fdopen(fd, "w")
+    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
+    if old is not None:
+        old.close()
+    _STATE["stack_path"] = path
+    return path
+
+
+def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
+             trace: TraceArgs | None = None) -> CellReply:
+    """Run a notebook cell in this rank's IPython namespace, as ``%%pg`` does.
+
+    Runs through ``shell.run_cell`` (so magics, ``display()`` and the
+    last-expression value behave as in a notebook), but as an apply request:
+    a failing cell is reported in the return value, so the engine never
+    aborts the requests queued behind it (``TaskAborted``). ``label`` is the
+    notebook's cell number, so tracebacks say ``Cell In[label]`` on every run.
+    ``trace`` (``%%pg --trace``): the arguments of ``tracer.start``; the
+    torch.distributed calls are recorded while the cell runs, and only then.
+    """
+    enable_stack_dumps(stack_dir)
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    error: dict[str, Any] = {}
+
+    def grab(etype: Any, evalue: Any, stb: list[str]) -> None:
+        error.update(ename=getattr(etype, "__name__", str(etype)), evalue=clean_message(str(evalue)),
+                     traceback=plain_traceback(evalue, shell))
+
+    if trace is not None:
+        from . import tracer
+
+        tracer.start(**trace)
+    saved_count = shell.execution_count
+    shadowed = shell.__dict__.get("_showtraceback")
+    shell._showtraceback = grab  # the formatted traceback comes back in the reply, not on iopub
+    if label is not None:
+        shell.execution_count = label
+    try:
+        res = shell.run_cell(code, store_history=False, silent=False)
+    finally:
+        if trace is not None:
+            tracer.stop()
+        if shadowed is None:
+            del shell._showtraceback
+        else:
+            shell._showtraceback = shadowed
+        shell.execution_count = saved_count
+    out: CellReply = {"ok": bool(res.success), "before_exec": res.error_before_exec is not None}
+    if not res.success:
+        exc = res.error_before_exec or res.error_in_exec
+        out.update(ename=type(exc).__name__, evalue=str(exc), traceback=[])
+        out.update(error)
+        if isinstance(exc, SyntaxError):  # str() names the cell's temp file; say the line instead
+            out["evalue"] = f"{exc.msg} (line {exc.lineno})" if exc.lineno else str(exc.msg)
+    if res.result is not None:
+        out["value"] = pack_value(res.result)
+    return out
+
+
+def clean_message(text: str) -> str:
+    """An error message without what differs between runs and machines.
+
+    torch prefixes C++ errors with a source location (``[/__w/pytorch/.../pair.cc:553]``)
+    and names peers by address and port (``[127.0.0.1]:24230``).
+    """
+    text = re.sub(r"\[[^\]\s]*\.(?:cpp|cc|h|hpp):\d+\]\s*", "", text)
+    return re.sub(r"\[?\b\d{1,3}(?:\.\d{1,3}){3}\]?:\d+", "<peer>", text)
+
+
+def plain_traceback(exc: BaseException, shell: Any) -> list[str]:
+    """The traceback trimmed to the user's code, the same text on every run and machine.
+
+    Cell frames show their line and source; library frames show only where
+    (no line numbers, no absolute paths: they differ between installs).
+    IPython's own frames above the cell are dropped.
+    """
+    import traceback
+
+    cells = set(getattr(getattr(shell, "compile", None), "_filename_map", {}) or {})
+    frames = traceback.extract_tb(exc.__traceback__)
+    first = next((i for i, f in enumerate(frames) if f.filename in cells), 0)
+    lines = ["Traceback (most recent call last):"] if frames[first:] else []
+    for f in frames[first:]:
+        if f.filename in cells:
+            lines.append(f"  Cell, line {f.lineno}, in {f.name}")
+            if f.line:
+                lines.append(f"    {f.line.strip()}")
+        else:
+            lines.append(f"  {short_path(f.filename)}, in {f.name}")
+    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    lines.append(clean_message(last))
+    return lines
+
+
+def short_path(filename: str) -> str:
+    """A source file's path as every install shows it: from the package down, no install prefix."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    if "/ipykernel_" in filename:
+        return "a kernel cell"  # a function defined in the notebook and sent to the ranks
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    if filename.startswith(stdlib + "/"):
+        return filename[len(stdlib) + 1:]
+    return os.path.basename(filename)
+
+
+def pack_value(value: Any) -> PackedValue:
+    """``("pickle", bytes)`` if the value can travel safely, else ``("text", why)``.
+
+    Tensors come back on the CPU (the kernel may have no GPU); anything that
+    does not pickle, or is over ``VALUE_LIMIT``, stays on the rank.
+    """
+    import pickle
+
+    try:
+        data = pickle.dumps(to_cpu(value, 3), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # lambdas, open files, process groups, ...
+        return ("text", f"cannot be pickled ({type(e).__name__})")
+    if len(data) > VALUE_LIMIT:
+        return ("text", f"too big to copy ({len(data) // 2**20} MiB)")
+    return ("pickle", data)

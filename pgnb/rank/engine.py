@@ -1,0 +1,228 @@
+"""A rank's life in its engine: who it is, the store socket, init_process_group, status, destroy.
+
+Plain functions sent by reference (``pgnb.rank.engine.init_rank``): they must
+stay importable, top-level and self-contained; torch is imported inside them.
+State that must outlive one call lives in ``_STATE`` of the engine process.
+Nothing here imports pgnb's kernel side (``pgnb.core``, ``pgnb.notebook``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from .._wire import EngineFacts, InitPlan, RankReport
+
+_STATE: dict[str, Any] = {}
+
+
+def route_to(host: str) -> tuple[str, str | None]:
+    """This engine's address on the route to ``host``, and that interface's name."""
+    addr = "127.0.0.1"
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))  # UDP connect sends nothing; it only picks a route
+            addr = s.getsockname()[0]
+    except OSError:
+        pass
+    return addr, _interface_of(addr)
+
+
+def _interface_of(addr: str) -> str | None:
+    try:
+        import psutil
+    except ImportError:
+        return "lo" if addr.startswith("127.") else None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == addr for a in addrs):
+            return name
+    return None
+
+
+def describe(controller_host: str) -> EngineFacts:
+    """Who and where this engine is; answered before any torch import."""
+    addr, iface = route_to(controller_host)
+    mpi_rank = None
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            mpi_rank = int(os.environ[var])
+            break
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "host": socket.gethostname(),
+        "addr": addr,
+        "iface": iface,
+        "launcher_rank": mpi_rank,
+        "nanny_pid": _nanny_pid(),
+    }
+
+
+def _nanny_pid() -> int | None:
+    try:
+        from ipyparallel.engine.app import IPEngine
+
+        if IPEngine.initialized():
+            pipe = getattr(IPEngine.instance(), "nanny_pipe", None)
+            return getattr(pipe, "pid", None)
+    except Exception:  # the nanny is optional; its pid only helps cleanup
+        pass
+    return None
+
+
+def warm_up() -> str:
+    """Import torch before the rendezvous, so its deadline is not spent importing."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    import torch
+    import torch.distributed  # noqa: F401
+
+    return str(torch.__version__)
+
+
+def listen_for_store(addr: str, port: int) -> int:
+    """Rank 0: hold a listening socket for the TCPStore, bound to ``addr`` only.
+
+    torch's own store listens on every interface; binding it ourselves keeps a
+    local world on loopback, and port 0 lets the kernel pick a free port with
+    no race between two notebooks initialising at once.
+    """
+    close_store_socket()
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((addr, port))
+    sock.listen(1024)
+    _STATE["store_socket"] = sock
+    return int(sock.getsockname()[1])
+
+
+def close_store_socket() -> None:
+    sock = _STATE.pop("store_socket", None)
+    if sock is not None:
+        try:
+            sock.close()
+        except OSError:
+            pass
+
+
+def init_rank(plan: InitPlan) -> RankReport:
+    """Join the world: set the environment torch reads, then init_process_group."""
+    t0 = time.monotonic()
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    os.environ.update(plan["env"])
+    delay = plan.get("delay", 0.0)
+    if delay:
+        time.sleep(delay)  # a late joiner, on request (lessons and tests)
+
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(plan["threads"])
+    dist.set_debug_level_from_env()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _reset_group_counter(dist)
+
+    kwargs: dict[str, Any] = {
+        "backend": plan["backend"],
+        "timeout": datetime.timedelta(seconds=plan["timeout"]),
+        "group_name": plan["group_name"],
+    }
+    device = "cpu"
+    if plan["cuda"]:
+        index = plan["local_rank"] % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        device = f"cuda:{index}"
+        import inspect
+
+        if "device_id" in inspect.signature(dist.init_process_group).parameters:  # torch >= 2.3
+            kwargs["device_id"] = torch.device(device)  # binds the NCCL communicator to this GPU eagerly
+    if "rank" in plan:
+        kwargs.update(rank=plan["rank"], world_size=plan["world_size"])
+
+    sock = _STATE.get("store_socket")
+    if sock is not None:
+        # rank 0 serves the store on the socket it bound; the others reach it via init_method
+        # init_process_group prefixes a rendezvous store with "default_pg"; do the same by hand
+        kwargs["store"] = dist.PrefixStore("default_pg", dist.TCPStore(
+            plan["master_addr"],
+            sock.getsockname()[1],
+            plan["world_size"],
+            True,
+            kwargs["timeout"],
+            wait_for_workers=False,
+            master_listen_fd=sock.fileno(),
+        ))
+        kwargs.update(rank=plan["rank"], world_size=plan["world_size"])
+        _STATE.pop("store_socket").detach()  # the store owns (and will close) the fd now
+    else:
+        kwargs["init_method"] = plan["init_method"]
+    dist.init_process_group(**kwargs)
+    _STATE["device"] = device
+    _STATE["init_seconds"] = time.monotonic() - t0
+    _publish_names(torch, dist, device)
+    return rank_status()
+
+
+def _reset_group_counter(dist: Any) -> None:
+    """A failed init leaves torch's group counter at 1, so this rank would name its
+    default group differently from a fresh rank and the rendezvous keys would never
+    match. destroy_process_group() resets it; do the same after a failure."""
+    world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
+
+
+def _publish_names(torch: Any, dist: Any, device: str) -> None:
+    """Give %%pg cells the names every lesson starts with."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.user_ns.update(torch=torch, dist=dist, rank=dist.get_rank(),
+                             world_size=dist.get_world_size(), device=torch.device(device))
+
+
+def rank_status() -> RankReport:
+    """What torch itself says about this rank's default group."""
+    out: RankReport = {"pid": os.getpid(), "host": socket.gethostname(), "initialized": False}
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_initialized():
+        return out
+    backend = str(dist.get_backend())
+    try:
+        config = str(dist.get_backend_config())
+    except Exception:  # older torch, or a backend without a config
+        config = backend
+    out.update(
+        initialized=True,
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        backend=backend,
+        backend_config=config,
+        device=_STATE.get("device", "cpu"),
+        init_seconds=_STATE.get("init_seconds"),
+    )
+    return out
+
+
+def destroy() -> bool:
+    """destroy_process_group() if there is one; True when something was destroyed."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    destroyed = False
+    if dist is not None and dist.is_initialized():
+        dist.destroy_process_group()
+        destroyed = True
+    close_store_socket()
+    return destroyed
