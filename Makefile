@@ -5,14 +5,22 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
+# A user's install (`pip install .`, no extras) plus only nbval and pytest to drive it: `make test`
+# replays the notebooks and runs a traced cell there (tests/test_user_install.py, tests/test_notebooks.py).
+USER_VENV ?= .venv-user
+USER_PY := $(USER_VENV)/bin/python
+USER_PIP := $(USER_PY) -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
 # As root, `make test` installs Chromium, so the browser test must run rather than skip.
 PGNB_REQUIRE_BROWSER ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
 export PGNB_REQUIRE_BROWSER
+# Likewise the user-install check fails rather than skips as root when PGNB_USER_PYTHON is not given.
+PGNB_REQUIRE_USER_INSTALL ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
+export PGNB_REQUIRE_USER_INSTALL
 # Debian packages the tests use (browser test, MPI launcher, network namespaces).
 APT_PACKAGES := chromium openmpi-bin libopenmpi-dev iproute2
 
-.PHONY: demo test venv test-venv system-deps bench soak reliability lint clean
+.PHONY: demo test venv test-venv user-venv system-deps bench soak reliability lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +44,20 @@ test-venv: venv system-deps
 	$(PIP) install -e ".[test,browser]"
 	@if dpkg -s libopenmpi-dev >/dev/null 2>&1; then $(PIP) install "mpi4py>=3.1"; fi
 
-test: test-venv
-	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest $(PYTEST_ARGS)
+$(USER_PY):
+	$(PYTHON) -m venv $(USER_VENV)
+	$(USER_PIP) install --upgrade pip
+
+# torch first: a bare torch requirement would pull a CUDA build; pgnb's own requirements come from
+# `pip install .` alone; pgnb itself is reinstalled every time, so the check sees the current tree.
+user-venv: $(USER_PY)
+	@if [ -n "$(TORCH_SPEC)" ]; then $(USER_PIP) install "$(TORCH_SPEC)"; fi
+	$(USER_PIP) install .
+	$(USER_PIP) install nbval pytest
+	$(USER_PIP) install --force-reinstall --no-deps .
+
+test: test-venv user-venv
+	IPYTHONDIR=$$(mktemp -d) PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest $(PYTEST_ARGS)
 
 soak: test-venv
 	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py
@@ -53,4 +73,4 @@ lint:
 	$(PY) -m ruff check pgnb tests benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(USER_VENV) .pytest_cache

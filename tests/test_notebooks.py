@@ -4,7 +4,13 @@ Each notebook in ``notebooks/`` is replayed by ``pytest --nbval`` (strict: every
 stored ``text/plain`` and stream must come back the same) with the sanitizer
 pgnb ships, in a subprocess, as a user would run it, twice in a row (two notebooks at a
 time, see ``JOBS``). A deliberately broken copy must fail, so this suite cannot pass
-silently. nbval ends every kernel with SIGKILL; the last test checks that no
+silently.
+
+With ``PGNB_USER_PYTHON`` set (``make test`` sets it), the replays run in the user-install
+venv (``pip install .`` alone, plus nbval and pytest; see tests/test_user_install.py): nbval,
+its kernel and the ranks all run that python and import pgnb from its site-packages, so
+this suite is also the check that a plain install serves every notebook. Without it they
+run in this python. nbval ends every kernel with SIGKILL; the last test checks that no
 process pgnb started during these runs is still alive (pgnb's reaper must
 have cleaned up; this test only looks, it never kills).
 
@@ -17,6 +23,7 @@ which executes each notebook top to bottom with nbclient and saves it.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -29,6 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from test_user_install import kernel_manager, user_env, user_python
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -45,7 +53,7 @@ CELL_TIMEOUT = 120
 #: below finds exactly this session's processes, whatever other pgnb users run meanwhile.
 RUN_VAR = "PGNB_NOTEBOOK_TEST_RUN"
 RUN_ID = uuid.uuid4().hex
-OWNER_VAR = "PGNB_OWNER"  # pgnb sets it on every process it launches (see pgnb.reaper)
+OWNER_VAR = "PGNB_OWNER"  # pgnb sets it on every process it launches (see pgnb.procs.reaper)
 #: pgnb's reaper kills an owner's processes within 10 s of the owner's death.
 REAP_GRACE = 20.0
 
@@ -57,6 +65,19 @@ def sanitizer() -> Path:
     from importlib.resources import files
 
     return Path(str(files("pgnb") / "nbval_sanitize.cfg"))
+
+
+@functools.cache
+def replay_python() -> tuple[str, Path, dict[str, str]]:
+    """The python that replays the notebooks, the sanitizer its pgnb ships, and the environment to run it in."""
+    python = user_python()
+    if python is None:
+        return sys.executable, sanitizer(), dict(os.environ)
+    env = user_env()
+    # asked of the installed pgnb (cwd: not the repository root), so a wheel without it fails here
+    shown = subprocess.run([python, "-m", "pgnb", "nbval-sanitize"], cwd=NOTEBOOK_DIR, env=env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    return python, Path(shown), env
 
 
 def sanitize_patterns() -> list[tuple[str, str]]:
@@ -136,14 +157,19 @@ def processes_of(run_id: str | None = None) -> dict[int, tuple[str, bool]]:
 
 
 def run_nbval(paths: list[Path], workdir: Path) -> tuple[subprocess.CompletedProcess[str], float]:
-    """``pytest --nbval`` on ``paths`` in a subprocess, with a fresh IPython and Jupyter runtime dir."""
+    """``pytest --nbval`` on ``paths`` in a subprocess, with a fresh IPython and Jupyter runtime dir.
+
+    It runs ``replay_python()``; ``--nbval-current-env`` makes nbval's kernel run that same python
+    (in the notebook's directory), not whatever the "python3" kernelspec names.
+    """
+    python, sanitize, base_env = replay_python()
     ipython_dir = Path(tempfile.mkdtemp(prefix="ipython-", dir=workdir))
     runtime_dir = Path(tempfile.mkdtemp(prefix="jupyter-runtime-", dir=workdir))
-    env = dict(os.environ, IPYTHONDIR=str(ipython_dir), JUPYTER_RUNTIME_DIR=str(runtime_dir), **{RUN_VAR: RUN_ID})
+    env = dict(base_env, IPYTHONDIR=str(ipython_dir), JUPYTER_RUNTIME_DIR=str(runtime_dir), **{RUN_VAR: RUN_ID})
     cmd = [
-        sys.executable, "-m", "pytest",
+        python, "-m", "pytest",
         "-c", os.devnull, "--rootdir", str(paths[0].parent), "-p", "no:cacheprovider",
-        "--nbval", "--nbval-current-env", "--nbval-sanitize-with", str(sanitizer()),
+        "--nbval", "--nbval-current-env", "--nbval-sanitize-with", str(sanitize),
         "--nbval-cell-timeout", str(CELL_TIMEOUT), "-q", "-rf",
         # a cell failing on purpose carries both the comment and the tag (for Run All); nbval notes the overlap
         "-W", "ignore:Overlapping options from comments and metadata:UserWarning",
@@ -250,7 +276,7 @@ def replays(request, workdir, pgnb_before):
 )
 def test_notebook_replays_under_strict_nbval(run, path, replays):
     proc, seconds = replays[run, path].result(timeout=len(replays) * NOTEBOOK_TIMEOUT)
-    print(f"{path.name} run {run}: {seconds:.1f} s")
+    print(f"{path.name} run {run}: {seconds:.1f} s ({replay_python()[0]})")
     assert proc.returncode == 0, (
         f"nbval failed on {path.name} (run {run}):\n{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}")
     assert re.search(r"\b\d+ passed\b", proc.stdout) and "failed" not in proc.stdout.splitlines()[-1]
@@ -290,6 +316,29 @@ def test_a_changed_expected_output_fails(workdir, pgnb_before):
 
 @pytest.mark.notebooks
 @pytest.mark.integration
+def test_nbval_kernel_is_the_user_install(workdir):
+    """nbval's kernel runs the user venv's python and imports pgnb from its site-packages."""
+    python = user_python()
+    if python is None:
+        pytest.skip("no PGNB_USER_PYTHON: the replays run in this python")
+    import nbformat
+
+    venv = Path(python).parent.parent
+    probe = nbformat.v4.new_notebook(
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        cells=[nbformat.v4.new_code_cell(
+            "import sys\nfrom pathlib import Path\nimport pgnb\n"
+            f"assert Path(sys.prefix) == Path({str(venv)!r}), sys.prefix\n"
+            "assert Path(pgnb.__file__).is_relative_to(sys.prefix), pgnb.__file__")])
+    path = workdir / "user_install_probe.ipynb"
+    nbformat.write(probe, str(path))
+    proc, _ = run_nbval([path], workdir)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert re.search(r"\b1 passed\b", proc.stdout.strip().splitlines()[-1]), proc.stdout[-4000:]
+
+
+@pytest.mark.notebooks
+@pytest.mark.integration
 def test_no_process_left_behind(pgnb_before):
     """After nbval SIGKILLed every kernel: nothing started from these runs is alive.
 
@@ -313,7 +362,6 @@ def test_no_process_left_behind(pgnb_before):
 def refresh(paths: list[Path]) -> None:
     """Execute each notebook top to bottom in a fresh kernel (this Python) and save it."""
     import nbformat
-    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
     class AsNbvalSees(NotebookClient):
@@ -331,8 +379,7 @@ def refresh(paths: list[Path]) -> None:
                 cell.outputs, cell.execution_count = [], None
                 cell.metadata.pop("execution", None)
         nb.metadata.pop("widgets", None)
-        km = KernelManager(kernel_name="python3")
-        km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        km = kernel_manager(sys.executable)
         client = AsNbvalSees(nb, km=km, timeout=CELL_TIMEOUT, store_widget_state=False,
                                 resources={"metadata": {"path": str(path.parent)}})
         t0 = time.monotonic()

@@ -1,0 +1,222 @@
+"""A plain install serves every feature: pgnb from ``pip install .`` alone, in a venv of its own.
+
+``make user-venv`` builds ``.venv-user``: the pinned CPU torch, then ``pip install .`` (no extras,
+not editable), then only nbval and pytest to drive the checks; ``make test`` passes its python as
+``PGNB_USER_PYTHON``. ``tests/test_notebooks.py`` replays every notebook with that python, so the
+notebook suite is the plain-install check; this file checks that the venv really is a plain install
+and runs one ``%%pg --trace`` cell in a real kernel started from it.
+
+Without ``PGNB_USER_PYTHON`` these tests skip, or fail under ``PGNB_REQUIRE_USER_INSTALL=1``
+(``make test`` sets it as root, as CI runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from importlib.metadata import Distribution, distributions
+from pathlib import Path
+
+import pytest
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.manager import KernelManager
+from kernel_util import Execution, Kernel
+from packaging.requirements import Requirement
+
+USER_PYTHON_VAR = "PGNB_USER_PYTHON"
+REQUIRE_VAR = "PGNB_REQUIRE_USER_INSTALL"
+#: What drives the checks in the user venv (the Makefile installs these and nothing else).
+DRIVERS = ("nbval", "pytest")
+#: What `python -m venv` puts into every venv.
+BOOTSTRAP = {"pip", "setuptools"}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def user_python() -> str | None:
+    """The user venv's python from PGNB_USER_PYTHON, or None when it is not given."""
+    python = os.environ.get(USER_PYTHON_VAR)
+    if not python:
+        return None
+    if not os.access(python, os.X_OK):
+        raise FileNotFoundError(f"{USER_PYTHON_VAR}={python} is not an executable (run `make user-venv`)")
+    return python
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """The environment for a process of the user venv: nothing points it at the repository's pgnb."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def user_py() -> str:
+    python = user_python()
+    if python is None:
+        reason = f"no user-install venv: `make user-venv`, {USER_PYTHON_VAR}=.venv-user/bin/python (make test does)"
+        if os.environ.get(REQUIRE_VAR) == "1":
+            pytest.fail(f"{reason} ({REQUIRE_VAR}=1)")
+        pytest.skip(reason)
+    return python
+
+
+# ---- the venv is a plain install -----------------------------------------------------------
+
+
+def _name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed(python: str) -> dict[str, Distribution]:
+    """Every distribution in the venv of ``python``, by normalized name (read from here, not run there)."""
+    out = subprocess.run([python, "-c", "import json, sysconfig; p = sysconfig.get_paths(); "
+                          "print(json.dumps(sorted({p['purelib'], p['platlib']})))"],
+                         capture_output=True, text=True, check=True, env=user_env()).stdout
+    return {_name(d.metadata["Name"]): d for d in distributions(path=json.loads(out))}
+
+
+def _wanted(req: Requirement, extras: frozenset[str]) -> bool:
+    # markers are evaluated for this interpreter: the same Python and platform as the user venv's
+    return req.marker is None or any(req.marker.evaluate({"extra": e}) for e in extras | {""})
+
+
+def closure(dists: dict[str, Distribution], roots: tuple[str, ...]) -> set[str]:
+    """The names ``roots`` need, transitively, extras of requirements included (not the roots' own extras)."""
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = [(_name(r), frozenset[str]()) for r in roots]
+    while todo:
+        name, extras = todo.pop()
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        dist = dists.get(name)
+        for line in (dist.requires or []) if dist else []:
+            req = Requirement(line)
+            if _wanted(req, extras):
+                todo.append((_name(req.name), frozenset(req.extras)))
+    return {name for name, _ in seen}
+
+
+def test_user_venv_is_a_plain_install(user_py):
+    """pgnb (not editable), what it requires, nbval and pytest with theirs: nothing else, no extra of pgnb's."""
+    dists = installed(user_py)
+    assert "pgnb" in dists, f"pgnb is not installed in {user_py}"
+    direct = json.loads(dists["pgnb"].read_text("direct_url.json") or "{}")
+    assert not direct.get("dir_info", {}).get("editable"), "pgnb must be installed from a wheel, not editable"
+    needed = closure(dists, ("pgnb", *DRIVERS))
+    assert needed <= set(dists), f"requirements not installed: {sorted(needed - set(dists))}"
+    stray = set(dists) - needed - BOOTSTRAP
+    assert not stray, f"not part of a plain install: {sorted(stray)}"
+    # the extras' packages (test, browser, dev) that a plain install does not bring are really absent
+    extras_only = {_name(Requirement(line).name) for line in dists["pgnb"].requires or []
+                   if not _wanted(Requirement(line), frozenset())} - needed
+    assert {"hypothesis", "playwright", "jupyterlab", "nbclient", "pytest-timeout"} <= extras_only, extras_only
+    assert not extras_only & set(dists)
+    assert {"numpy", "matplotlib"} <= closure(dists, ("pgnb",)), "pgnb must declare what its features import"
+
+
+def test_notebooks_import_the_installed_pgnb(user_py):
+    """From the notebooks' directory (nbval's kernel cwd), the user python imports its own pgnb, not ./pgnb."""
+    out = subprocess.run([user_py, "-c", "import sys, pgnb; print(sys.prefix); print(pgnb.__file__)"],
+                         cwd=ROOT / "notebooks", capture_output=True, text=True, check=True, env=user_env())
+    prefix, where = out.stdout.splitlines()
+    assert Path(prefix) == Path(user_py).parent.parent
+    assert Path(where).is_relative_to(prefix) and not Path(where).is_relative_to(ROOT / "pgnb"), where
+
+
+# ---- a traced cell in a real kernel of the user venv ----------------------------------------
+
+
+class _PythonKernelSpecs(KernelSpecManager):
+    """Every kernel name means ipykernel on one given python.
+
+    (jupyter_client 8 dropped ``KernelManager.kernel_cmd``: setting it does nothing, and the
+    kernel would run whatever the "python3" kernelspec found from this process names.)
+    """
+
+    def __init__(self, python: str) -> None:
+        super().__init__()
+        self.python = python
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        return KernelSpec(argv=[self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                          display_name=f"Python ({self.python})", language="python")
+
+
+def kernel_manager(python: str) -> KernelManager:
+    """A KernelManager whose kernel runs ``python`` (its ipykernel, its site-packages)."""
+    return KernelManager(kernel_name="python3", kernel_spec_manager=_PythonKernelSpecs(python))
+
+
+class UserKernel(Kernel):
+    """kernel_util's Kernel, running ``python``'s ipykernel in ``cwd``."""
+
+    def __init__(self, python: str, cwd: Path, env: dict[str, str]) -> None:
+        self.km = kernel_manager(python)
+        self.km.start_kernel(env=env, cwd=str(cwd))
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+
+def _strings(ex: Execution) -> list[str]:
+    """Every text the cell sent: streams, every string of every mime bundle, errors."""
+    out: list[str] = []
+    for o in ex.outputs:
+        if o["type"] == "stream":
+            out.append(o["text"])
+        elif o["type"] == "error":
+            out.extend([o["ename"], o["evalue"], *o["traceback"]])
+        else:
+            out.extend(v for k, v in o["data"].items() if isinstance(v, str) and not k.startswith("image/"))
+    return out
+
+
+def _stdout(ex: Execution) -> str:
+    return "".join(o["text"] for o in ex.outputs if o.get("name") == "stdout")
+
+
+def _clean(ex: Execution, code: str) -> None:
+    assert ex.status == "ok", f"{code!r}: {ex.error}\n{ex.text()}"
+    stderr = [o["text"] for o in ex.outputs if o.get("name") == "stderr"]
+    assert not stderr, f"{code!r} wrote to stderr: {stderr}"
+    for text in _strings(ex):
+        assert "Traceback" not in text and "Error" not in text, f"{code!r}: {text}"
+
+
+@pytest.mark.kernel
+@pytest.mark.integration
+def test_traced_cell_in_a_user_kernel(user_py, tmp_path):
+    """%%pg --trace in a kernel of the plain install: summary and timeline, nothing on stderr, no traceback."""
+    cwd = tmp_path / "cwd"  # not the repository root, so ./pgnb cannot shadow the installed pgnb
+    cwd.mkdir()
+    kernel = UserKernel(user_py, cwd, user_env(IPYTHONDIR=str(tmp_path / "ipython")))
+    venv = Path(user_py).parent.parent
+
+    def run(code: str) -> Execution:
+        ex = kernel.execute(code)
+        _clean(ex, code)
+        return ex
+
+    try:
+        where = _stdout(run("import sys, pgnb\nprint(sys.prefix)\nprint(pgnb.__file__)"))
+        prefix, pgnb_file = where.splitlines()
+        assert Path(prefix) == venv and Path(pgnb_file).is_relative_to(venv), where
+        run("%load_ext pgnb")
+        run("%pg_init --backend gloo --world 2")
+        ranks = _stdout(run("%%pg\nimport sys\nprint(sys.prefix)"))
+        assert ranks.count(str(venv)) == 2, ranks  # the ranks run the user venv's python too
+        traced = run("%%pg --trace\nimport torch\nimport torch.distributed as dist\ndist.all_reduce(torch.ones(2))")
+        pictures = [o for o in traced.outputs if o["type"] == "display_data" and "image/png" in o["data"]]
+        assert len(pictures) == 1, traced.text()  # the timeline
+        text = traced.text()
+        # (how a list of ranks is written is the trace's business, not this test's)
+        assert re.search(r"trace of ranks .*: 1 call each, the same on every rank", text), text
+        assert "all_reduce(float32[2], op=SUM)" in text, text
+        assert "<pgnb timeline: ranks " in text, text
+        run("%pg_shutdown")
+    finally:
+        kernel.shutdown()
+
