@@ -44,25 +44,25 @@ _MODULE_ALIASES = {"cells": "pgnb.core.results"}
 __all__ = [*_PUBLIC, "load_ipython_extension"]
 
 if TYPE_CHECKING:
-    from .core.results import CellInterrupted, CellResult, RankValue
-    from .core.sandbox import Sandbox
-    from .core.trace import Trace
-    from .core.world import RankStatus, Snapshot
+    from .core.results import CellInterrupted as CellInterrupted, CellResult as CellResult, RankValue as RankValue
+    from .core.sandbox import Sandbox as Sandbox
+    from .core.trace import Trace as Trace
+    from .core.world import RankStatus as RankStatus, Snapshot as Snapshot
     from .errors import (
-        BackendUnavailable,
-        CellTimeout,
-        EngineStartError,
-        InitError,
-        InitTimeout,
-        NotStartedError,
-        PgnbError,
-        RankError,
-        RankLost,
-        SpecError,
+        BackendUnavailable as BackendUnavailable,
+        CellTimeout as CellTimeout,
+        EngineStartError as EngineStartError,
+        InitError as InitError,
+        InitTimeout as InitTimeout,
+        NotStartedError as NotStartedError,
+        PgnbError as PgnbError,
+        RankError as RankError,
+        RankLost as RankLost,
+        SpecError as SpecError,
     )
-    from .notebook.current import current
-    from .notebook.show import show
-    from .spec import WorldSpec
+    from .notebook.current import current as current
+    from .notebook.show import show as show
+    from .spec import WorldSpec as WorldSpec
 
 
 def __getattr__(name: str) -> Any:

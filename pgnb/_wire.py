@@ -87,12 +87,17 @@ class _CellReplyBase(TypedDict):
     before_exec: bool  # the cell never ran (a SyntaxError and friends)
 
 
-class CellReply(_CellReplyBase, total=False):
-    """``pgnb.rank.cell.run_cell``: how a ``%%pg`` cell ended on one rank (output travels on iopub)."""
+class CellError(TypedDict, total=False):
+    """The error part of a ``CellReply`` (absent when the cell succeeded)."""
 
     ename: str
     evalue: str
     traceback: list[str]  # trimmed to the cell: the same text on every run and machine
+
+
+class CellReply(_CellReplyBase, CellError, total=False):
+    """``pgnb.rank.cell.run_cell``: how a ``%%pg`` cell ended on one rank (output travels on iopub)."""
+
     value: PackedValue
 
 

@@ -13,8 +13,7 @@ import psutil
 from conftest import wait_gone
 
 from pgnb.core.liveness import Watcher, describe_exit
-from pgnb.procs.reaper import process_alive as is_alive
-from pgnb.procs.reaper import OWNER_ENV, cluster_files, state_path, sweep, write_state
+from pgnb.procs.reaper import OWNER_ENV, cluster_files, process_alive as is_alive, state_path, sweep, write_state
 
 
 def test_describe_exit():

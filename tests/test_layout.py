@@ -150,7 +150,9 @@ def test_the_checker_sees_a_hidden_cycle(tmp_path, monkeypatch):
     (pkg / "core" / "b.py").write_text("def f():\n    from .a import x\n")
     (pkg / "rank").mkdir()
     (pkg / "rank" / "__init__.py").write_text("")
-    (pkg / "rank" / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..core import a\n")
+    (pkg / "rank" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..core import a\n"
+    )
     monkeypatch.setattr(sys.modules[__name__], "PKG", pkg)
     with pytest.raises(AssertionError):
         test_no_import_cycles()

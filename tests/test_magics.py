@@ -10,6 +10,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import pgnb
+from pgnb.notebook.current import set_current
 
 BAD = [
     ({"world": 0}, "--world 0", "--world must be at least 1"),

@@ -21,10 +21,10 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import pgnb
-from pgnb.rank.engine import describe
 from pgnb.core.cluster import EnginePool, mpi_environment
-from pgnb.errors import EngineStartError
 from pgnb.core.rendezvous import EngineInfo, rank_order
+from pgnb.errors import EngineStartError
+from pgnb.rank.engine import describe
 
 HAVE_MPIEXEC = shutil.which("mpiexec") is not None
 try:

@@ -1,1 +1,4 @@
-"""The kernel side without IPython: a world's lifecycle at the bottom, cells, tracing and showing on it, Sandbox on top."""
+"""The kernel side without IPython.
+
+A world's lifecycle at the bottom, cells, tracing and showing on it, Sandbox on top.
+"""

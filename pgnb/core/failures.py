@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import time
+
 from ..errors import NotStartedError, RankLost, SpecError
 from .world import World
 

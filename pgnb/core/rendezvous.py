@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlparse
 
-from .._wire import EngineFacts, InitPlan
+from .._wire import InitPlan
 from ..spec import DEBUG_LEVELS, WorldSpec
 
 #: The file:// store's name in pgnb's store directory.

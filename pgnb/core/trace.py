@@ -18,12 +18,7 @@ no timings); ``pgnb.core.timeline`` draws it.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
-import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,8 +167,9 @@ def calls_from_records(rank: int, records: list[TraceRecord],
             if kind == "e":
                 c.end = float(rec["t1"]) - offset
                 c.error = str(rec.get("err", ""))
-                if "peer" in rec:
-                    c.peer = int(rec["peer"])
+                peer = rec.get("peer")  # only recv(src=None) writes one, always a rank
+                if peer is not None:
+                    c.peer = int(peer)
             else:
                 c.done = float(rec["t2"]) - offset
     return [calls[i] for i in sorted(calls)], began

@@ -1,1 +1,4 @@
-"""The notebook face: magics, the status view, %pg_show's HTML; the only place that imports IPython's magics or ipywidgets."""
+"""The notebook face: magics, the status view, %pg_show's HTML.
+
+The only place that imports IPython's magics or ipywidgets.
+"""

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic import Magics, cell_magic as _ipy_cell_magic, line_magic as _ipy_line_magic, magics_class
+from IPython.core.magic_arguments import (
+    argument as _ipy_argument,
+    magic_arguments as _ipy_magic_arguments,
+    parse_argstring,
+)
 from IPython.display import display
 
 from ..core.failures import kill_rank
@@ -31,6 +35,26 @@ from .view import StatusView, WorldReport
 _F = TypeVar("_F", bound=Callable[..., Any])
 #: Older views stop following the world, so re-running cells does not pile up listeners.
 LIVE_VIEWS = 4
+
+
+# IPython's magic decorators, typed as what they do here: each returns the method it decorates.
+# (magic_arguments and argument are unannotated; line_magic's annotation also allows @line_magic("name").)
+def line_magic(method: _F) -> _F:
+    return cast(_F, _ipy_line_magic(method))
+
+
+def cell_magic(method: _F) -> _F:
+    return cast(_F, _ipy_cell_magic(method))
+
+
+def magic_arguments() -> Callable[[_F], _F]:
+    """IPython's ``@magic_arguments()``: it attaches the parser and returns the magic itself."""
+    return cast("Callable[[_F], _F]", _ipy_magic_arguments())
+
+
+def argument(*flags: str, **options: Any) -> Callable[[_F], _F]:
+    """IPython's ``@argument(...)``: it records one option and returns the magic itself."""
+    return cast("Callable[[_F], _F]", _ipy_argument(*flags, **options))
 
 
 def _world_options(magic: _F) -> _F:
@@ -142,13 +166,16 @@ class PgMagics(Magics):
             raise UsageError(str(e)) from None
         if len(out_name) > 1:
             raise UsageError(f"--out takes one variable name, not {args.out!r}")
-        missing = [n for n in push if n not in self.shell.user_ns]
+        shell = self.shell
+        if shell is None:  # IPython's Magics allows none; load_ipython_extension always passes its shell
+            raise RuntimeError("%%pg needs the shell its magics were registered on")
+        missing = [n for n in push if n not in shell.user_ns]
         if missing:
             raise UsageError(f"--push {missing[0]}: no variable {missing[0]!r} in the notebook; define it first")
         try:
             if push:
-                sb.push({n: self.shell.user_ns[n] for n in push}, ranks=ranks)
-            result = sb.execute(cell, ranks=ranks, timeout=timeout, label=self.shell.execution_count,
+                sb.push({n: shell.user_ns[n] for n in push}, ranks=ranks)
+            result = sb.execute(cell, ranks=ranks, timeout=timeout, label=shell.execution_count,
                                 trace=args.trace)
         except CellInterrupted as e:
             result = e.result
@@ -156,13 +183,13 @@ class PgMagics(Magics):
             raise UsageError(str(e)) from None
         render_cell_result(result)
         if result.trace is not None:
-            self.shell.user_ns["_pg_trace"] = result.trace
+            shell.user_ns["_pg_trace"] = result.trace
             display(result.trace)
             display(timeline(result.trace))
         values = result.values
-        self.shell.user_ns["_pg"] = values
+        shell.user_ns["_pg"] = values
         if out_name:
-            self.shell.user_ns[out_name[0]] = values
+            shell.user_ns[out_name[0]] = values
         err = result.error()
         if err is not None:
             raise UsageError(str(err))

@@ -15,7 +15,7 @@ from typing import Any
 
 from IPython.display import display
 
-from ..core.show import RankValues, number_text, gather
+from ..core.show import RankValues, gather, number_text
 from ..core.world import World
 from ..errors import NotStartedError
 from .current import current

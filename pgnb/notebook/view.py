@@ -25,6 +25,7 @@ from ..core.report import status_table, summary_text
 from ..core.world import RankStatus, Snapshot
 from ..spec import WorldSpec
 
+
 class WorldLike(Protocol):
     """What a view needs of a world: its snapshots, news of changes, and the buttons' two actions."""
 
@@ -91,7 +92,7 @@ def _close_one(w: W.Widget) -> None:
         w.comm = None
 
 
-class StatusView(W.VBox):
+class StatusView(W.VBox):  # type: ignore[misc]  # ipywidgets has no type information (VBox is Any)
     """Live view of a world: header, one row per rank, and actions."""
 
     def __init__(self, sandbox: WorldLike, live: bool = False, spec: WorldSpec | None = None, **kwargs: Any) -> None:

@@ -57,7 +57,8 @@ _PGNB_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_
 
 #: The zygote's ``python -c`` program: ``python -m pgnb.procs.zygote`` that finds pgnb.
 _ZYGOTE_MAIN = (
-    "import sys; p = {path!r}; p in sys.path or sys.path.insert(1, p); from pgnb.procs.zygote import main; sys.exit(main())"
+    "import sys; p = {path!r}; p in sys.path or sys.path.insert(1, p); "
+    "from pgnb.procs.zygote import main; sys.exit(main())"
 )
 
 

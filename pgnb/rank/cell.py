@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any
 
-from .._wire import CellReply, PackedValue, TraceArgs, stack_file
+from .._wire import CellError, CellReply, PackedValue, TraceArgs, stack_file
 from .values import to_cpu
 
 #: Last-expression values bigger than this stay on the rank (``_pg`` gets a stand-in).
@@ -62,11 +62,11 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     from IPython import get_ipython
 
     shell = get_ipython()
-    error: dict[str, Any] = {}
+    error: CellError = {}
 
     def grab(etype: Any, evalue: Any, stb: list[str]) -> None:
-        error.update(ename=getattr(etype, "__name__", str(etype)), evalue=clean_message(str(evalue)),
-                     traceback=plain_traceback(evalue, shell))
+        error.update({"ename": getattr(etype, "__name__", str(etype)), "evalue": clean_message(str(evalue)),
+                      "traceback": plain_traceback(evalue, shell)})
 
     if trace is not None:
         from . import tracer
@@ -90,8 +90,8 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     out: CellReply = {"ok": bool(res.success), "before_exec": res.error_before_exec is not None}
     if not res.success:
         exc = res.error_before_exec or res.error_in_exec
-        out.update(ename=type(exc).__name__, evalue=str(exc), traceback=[])
-        out.update(error)
+        out.update({"ename": type(exc).__name__, "evalue": str(exc), "traceback": []})
+        out = {**out, **error}  # IPython's formatted traceback, when it showed one
         if isinstance(exc, SyntaxError):  # str() names the cell's temp file; say the line instead
             out["evalue"] = f"{exc.msg} (line {exc.lineno})" if exc.lineno else str(exc.msg)
     if res.result is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, cast
 
 from .._wire import EngineFacts, InitPlan, RankReport
 
@@ -38,7 +38,7 @@ def _interface_of(addr: str) -> str | None:
         return "lo" if addr.startswith("127.") else None
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.address.split("%")[0] == addr for a in addrs):
-            return name
+            return cast(str, name)  # psutil is untyped here
     return None
 
 
@@ -203,15 +203,15 @@ def rank_status() -> RankReport:
         config = str(dist.get_backend_config())
     except Exception:  # older torch, or a backend without a config
         config = backend
-    out.update(
-        initialized=True,
-        rank=dist.get_rank(),
-        world_size=dist.get_world_size(),
-        backend=backend,
-        backend_config=config,
-        device=_STATE.get("device", "cpu"),
-        init_seconds=_STATE.get("init_seconds"),
-    )
+    out.update({
+        "initialized": True,
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "backend": backend,
+        "backend_config": config,
+        "device": _STATE.get("device", "cpu"),
+        "init_seconds": _STATE.get("init_seconds"),
+    })
     return out
 
 
