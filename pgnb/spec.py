@@ -8,6 +8,7 @@ already known (a plain ``gloo`` world never imports torch in the kernel).
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shlex
@@ -22,6 +23,8 @@ BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 INIT_SCHEMES = ("env", "tcp", "file")
 DEBUG_LEVELS = {"off": "OFF", "info": "INFO", "detail": "DETAIL"}
 LAUNCHER_ALIASES = {"fork": "pgnb.fork"}
+#: Launchers whose engines run on this machine (the kernel's): pgnb's zygote and ipyparallel's own.
+LOCAL_LAUNCHERS = ("local", "pgnb.fork")
 
 # A local rank costs an engine (~200 MB once torch is imported) and a nanny.
 _BYTES_PER_LOCAL_RANK = 256 * 2**20
@@ -106,6 +109,11 @@ class WorldSpec:
         return self.profile is not None or self.cluster_id is not None
 
     @property
+    def local(self) -> bool:
+        """Every rank runs on this machine, started by pgnb (not attached, a local launcher)."""
+        return not self.attached and self.launcher in LOCAL_LAUNCHERS
+
+    @property
     def backend_names(self) -> list[str]:
         return [_BACKEND_PART.match(p).group("name") for p in self.backend.split(",")]  # type: ignore[union-attr]
 
@@ -148,7 +156,8 @@ class WorldSpec:
         threads, debug, delay_ranks = given["threads"], given["debug"], given["delay_ranks"]
         world_n = _positive_int("--world", world)
         attached = profile is not None or cluster_id is not None
-        if not attached and launcher in ("local", "pgnb.fork", "fork") and world_n > local_world_limit():
+        if not attached and LAUNCHER_ALIASES.get(str(launcher), str(launcher)) in LOCAL_LAUNCHERS \
+                and world_n > local_world_limit():
             raise SpecError(
                 f"--world {world_n} is more than this machine can hold locally "
                 f"({local_world_limit()} ranks at ~256 MB each); use a smaller world, "
@@ -312,10 +321,10 @@ def _parse_delays(delays: object, world: int) -> tuple[tuple[int, float], ...]:
     if isinstance(delays, str):
         items = []
         for chunk in delays.split(","):
-            rank, sep, secs = chunk.partition(":")
+            rank_text, sep, secs_text = chunk.partition(":")
             if not sep:
                 raise SpecError(f"cannot read --delay-rank {delays!r}; use RANK:SECONDS, e.g. 2:5")
-            items.append((rank, secs))
+            items.append((rank_text, secs_text))
     elif isinstance(delays, dict):
         items = list(delays.items())
     else:
@@ -335,6 +344,15 @@ def _parse_delays(delays: object, world: int) -> tuple[tuple[int, float], ...]:
 def option_fields() -> tuple[Field[Any], ...]:
     """The ``%pg_init`` options, in the order the magic lists them."""
     return fields(WorldSpec)
+
+
+def keywords_signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """``fn``'s signature with its ``**options`` spelled out as the option keywords (for help() and editors)."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.metadata["given"])
+               for f in option_fields()]
+    return sig.replace(parameters=params)
 
 
 def init_command(spec: WorldSpec, force: bool = True) -> str:

@@ -109,3 +109,12 @@ def pg(shell, line, cell):
         except UsageError as e:
             err = e
     return cap, err
+
+
+def timed(fn, *args):
+    """``fn(*args)``'s results (a tuple), with the seconds it took appended."""
+    import time
+
+    t0 = time.monotonic()
+    out = fn(*args)
+    return (*out, time.monotonic() - t0)

@@ -20,6 +20,7 @@ from IPython.core.error import UsageError
 
 import pgnb
 from pgnb import CellInterrupted, RankValue
+from pgnb.core.busy import SETTLE
 from pgnb.core.stacks import trim_stack
 from pgnb.spec import init_command
 
@@ -120,7 +121,7 @@ def test_syntax_error_is_reported_once(world):
     res = world.execute("def broken(:\n    pass\n")
     assert str(res.error()) == "SyntaxError: invalid syntax (line 1); the cell did not run on any rank"
     text = plain(res.text())
-    assert text.count("SyntaxError") == 1 and text.startswith("[ranks 0, 1, 2, 3]\n")
+    assert text.count("SyntaxError") == 1 and text.startswith("[ranks 0-3]\n")
 
 
 def test_bad_arguments_are_one_line_usage_errors(ip):
@@ -180,11 +181,11 @@ def test_timeout_names_the_stuck_rank_and_where_it_is_blocked(world, ip):
     assert "ipykernel" not in stack and "ipyparallel" not in stack
     # the stuck rank is refused at once, not queued behind its collective
     t0 = time.monotonic()
-    with pytest.raises(pgnb.CellTimeout, match="rank 0 still running an earlier cell"):
+    with pytest.raises(pgnb.CellTimeout, match=r"rank 0 still running cell In \[\d+\], blocked in all_reduce"):
         world.execute("1", ranks=[0])
     with pytest.raises(pgnb.CellTimeout):
         world.push(x=1)
-    assert time.monotonic() - t0 < 1
+    assert time.monotonic() - t0 < 2 * (SETTLE + 0.5)  # a short wait for a reply on its way
     # the other ranks can join the collective: rank 0 is released and the world goes on
     joined = world.execute(STUCK + "t.tolist()", ranks=[1, 2, 3])
     assert joined.values == [None, [4.0, 4.0], [4.0, 4.0], [4.0, 4.0]]
@@ -213,7 +214,7 @@ def test_interrupt_stops_the_ranks_and_leaves_no_stale_abort(world):
         world.execute("import time\nprint('sleeping', rank)\ntime.sleep(60)")
     assert time.monotonic() - t0 < 5
     res = info.value.result
-    assert str(res.error()) == "interrupted: ranks 0, 1, 2, 3 stopped"
+    assert str(res.error()) == "interrupted: ranks 0-3 stopped"
     text = plain(res.text())
     assert "[rank 0] interrupted\nsleeping 0\n" in text and "KeyboardInterrupt" in text
     for _ in range(3):  # no TaskAborted, no KeyboardInterrupt left over

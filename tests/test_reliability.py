@@ -28,16 +28,15 @@ from unittest import mock
 
 import psutil
 import pytest
-from conftest import alive, wait_gone
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from conftest import alive, pg, timed, wait_gone
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import pgnb
-from pgnb.procs.reaper import cluster_files, owned_by_token
 from pgnb.notebook.current import current, set_current
 from pgnb.notebook.view import StatusView
+from pgnb.procs.reaper import cluster_files, owned_by_token
 
 pytestmark = pytest.mark.integration
 
@@ -58,18 +57,6 @@ def wait_until(predicate, timeout, step=0.01):
             return time.monotonic() - t0
         time.sleep(step)
     return None
-
-
-def pg(ip, line, cell):
-    """``%%pg line`` + cell: (captured output, UsageError or None, seconds)."""
-    t0 = time.monotonic()
-    with capture_output() as cap:
-        try:
-            ip.run_cell_magic("pg", line, cell)
-            err = None
-        except UsageError as e:
-            err = e
-    return cap, err, time.monotonic() - t0
 
 
 def magic(ip, name, line=""):
@@ -182,14 +169,14 @@ def test_fault_idle_rank_killed(whole, ip, record_property):
     finally:
         view.detach()
 
-    cap, err, took = pg(ip, "", "print(rank)")
+    cap, err, took = timed(pg, ip, "", "print(rank)")
     assert err is not None and took < 2, (err, took)
     assert str(err).startswith("rank 1 lost (engine killed by SIGKILL); ") and "--force" in str(err)
     assert "\n" not in str(err)
     with pytest.raises(pgnb.RankLost, match=r"^rank 1 lost \(engine killed by SIGKILL\)") as info:
         sb.run(os.getpid)
     assert info.value.failed_ranks == [1]
-    cap, err, _ = pg(ip, "--ranks 0,2", "print(rank)")  # the survivors still answer
+    cap, err, _ = timed(pg, ip, "--ranks 0,2", "print(rank)")  # the survivors still answer
     assert err is None and cap.stdout == "[rank 0]\n0\n[rank 2]\n2\n"
     _, err, _ = magic(ip, "pg_status")
     assert err is None
@@ -208,7 +195,7 @@ def test_fault_rank_killed_mid_all_reduce(whole, ip, record_property):
     cell = "import time\nt = torch.ones(1)\nif rank == 2:\n    time.sleep(120)\ndist.all_reduce(t)\n"
     killer = threading.Timer(1.5, os.kill, (victim, signal.SIGKILL))
     killer.start()
-    cap, err, took = pg(ip, "", cell)
+    cap, err, took = timed(pg, ip, "", cell)
     killer.join()
     record_property("return_after_kill_s", round(took - 1.5, 2))
     assert err is not None and took < 1.5 + 6, (err, took)
@@ -225,13 +212,13 @@ def test_fault_rank_hangs(whole, ip, record_property):
     """
     sb = whole
     cell = "t = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(t)\nelif rank == 1:\n    while True:\n        pass\n"
-    cap, err, took = pg(ip, "--timeout 2", cell)
+    cap, err, took = timed(pg, ip, "--timeout 2", cell)
     record_property("timeout_return_s", round(took, 2))
     assert err is not None and 2 <= took < 2 + 6, (err, took)
     msg = str(err)
     assert "ranks 0, 1" in msg and "still running" in msg and "--force" in msg and "\n" not in msg
     assert "all_reduce" in cap.stderr  # rank 0's stack says where it waits
-    cap, err, took = pg(ip, "--ranks 0", "print(1)")
+    cap, err, took = timed(pg, ip, "--ranks 0", "print(1)")
     assert err is not None and took < 1 and "still running" in str(err)
     recover(ip, sb)
 
@@ -251,7 +238,7 @@ def test_fault_cell_ends_its_rank(whole, ip, code, cause):
     """
     sb = whole
     victim = sb.rank_infos[1].pid
-    cap, err, took = pg(ip, "", f"if rank == 1:\n    {code}\nprint('alive', rank)")
+    cap, err, took = timed(pg, ip, "", f"if rank == 1:\n    {code}\nprint('alive', rank)")
     assert err is not None and took < 5, (err, took)
     assert str(err).startswith(f"rank 1 lost ({cause}); ")
     assert "alive 0" in cap.stdout and "alive 2" in cap.stdout
@@ -266,11 +253,11 @@ def test_fault_sys_exit_keeps_the_rank(whole, ip):
     """
     sb = whole
     pids = [r.pid for r in sb.status()]
-    cap, err, _ = pg(ip, "", "import sys\nif rank == 1:\n    sys.exit(3)\n")
+    cap, err, _ = timed(pg, ip, "", "import sys\nif rank == 1:\n    sys.exit(3)\n")
     assert err is not None and "rank 1 raised SystemExit" in str(err)
     assert [r.state for r in sb.status()] == ["initialized"] * WORLD
     assert [r.pid for r in sb.snapshot().ranks] == pids
-    cap, err, _ = pg(ip, "", ALL_REDUCE)
+    cap, err, _ = timed(pg, ip, "", ALL_REDUCE)
     assert err is None and cap.stdout.count(f"{EXPECTED_SUM}\n") == WORLD
 
 

@@ -91,6 +91,7 @@ def world(world4):
     return world4
 
 
+@pytest.mark.integration
 def test_gathered_from_every_rank_through_api_and_magic(world4, ip):
     assert world4.execute("shown = torch.arange(3.) * (rank + 1)\nword = 'r' * (rank + 1)").error() is None
     expected = gather("shown", world=world4)
@@ -111,6 +112,7 @@ def test_gathered_from_every_rank_through_api_and_magic(world4, ip):
     assert cap.outputs[0].data["text/plain"].splitlines()[0] == "word on ranks 0, 1: str"
 
 
+@pytest.mark.integration
 def test_a_name_missing_on_some_ranks_is_shown_not_raised(world4, ip):
     world4.execute("if rank == 2:\n    only_two = 7")
     v = gather("only_two", world=world4)
@@ -119,6 +121,7 @@ def test_a_name_missing_on_some_ranks_is_shown_not_raised(world4, ip):
     assert gather("nowhere", world=world4).header() == "nowhere on ranks 0-3: not defined on any rank"
 
 
+@pytest.mark.integration
 def test_bad_input_is_one_line(ip):
     for line, msg in (("1x", "plain name"), ("t --ranks 9", "names rank 9"), ("", "arguments")):
         with pytest.raises(UsageError, match=msg):

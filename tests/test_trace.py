@@ -21,9 +21,9 @@ from IPython.utils.capture import capture_output
 
 import pgnb
 from pgnb.core import recording
-from pgnb.rank import tracer as _tracer
 from pgnb.core.timeline import timeline
 from pgnb.core.trace import ClockOffset, Trace, calls_from_records
+from pgnb.rank import tracer as _tracer
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -139,6 +139,7 @@ dist.barrier()
 """
 
 
+@pytest.mark.integration
 def test_recorded_sequence_on_every_rank(world):
     res = world.execute(SEQUENCE, trace=True)
     assert res.error() is None
@@ -160,6 +161,7 @@ def test_recorded_sequence_on_every_rank(world):
     assert text == world.execute(SEQUENCE, trace=True).trace.summary()  # deterministic: no timings
 
 
+@pytest.mark.integration
 def test_tracing_off_wraps_nothing(world):
     check = "import pgnb.rank.tracer as T\n(T.wrapped_names(), id(dist.all_reduce), id(dist.isend))"
     before = world.execute(check).values
@@ -170,6 +172,7 @@ def test_tracing_off_wraps_nothing(world):
     assert after == before  # the very same function objects: an untraced call runs no pgnb code
 
 
+@pytest.mark.integration
 def test_a_p2pop_made_while_tracing_still_works_afterwards(world):
     code = ("peer = (rank + 1) % world_size, (rank - 1) % world_size\n"
             "ops = [dist.P2POp(dist.isend, torch.ones(2), peer[0]), dist.P2POp(dist.irecv, torch.zeros(2), peer[1])]\n"
@@ -181,6 +184,7 @@ def test_a_p2pop_made_while_tracing_still_works_afterwards(world):
     assert res.error() is None
 
 
+@pytest.mark.integration
 def test_a_rank_without_the_trace_directory_keeps_its_records_for_the_kernel(world):
     from pgnb.rank import cell
 
@@ -190,6 +194,7 @@ def test_a_rank_without_the_trace_directory_keeps_its_records_for_the_kernel(wor
     assert tr.ok and [c.label() for c in tr.calls[3]] == ["all_reduce(float32[3], op=SUM)"]
 
 
+@pytest.mark.integration
 def test_clock_offsets_are_measured_and_corrected(world):
     world.run(_tracer.set_clock_skew, 5.0, ranks=[1])
     world.run(_tracer.set_clock_skew, -3.0, ranks=[2])
@@ -198,7 +203,8 @@ def test_clock_offsets_are_measured_and_corrected(world):
         assert offsets[1].offset == pytest.approx(5.0, abs=0.05)
         assert offsets[2].offset == pytest.approx(-3.0, abs=0.05)
         assert abs(offsets[0].offset) < 0.05 and offsets[0].uncertainty < 0.05
-        res = world.execute("import time\nif rank == 3:\n    time.sleep(0.7)\ndist.all_reduce(torch.ones(1))", trace=True)
+        code = "import time\nif rank == 3:\n    time.sleep(0.7)\ndist.all_reduce(torch.ones(1))"
+        res = world.execute(code, trace=True)
         tr = res.trace
         starts = {r: tr.calls[r][0].start for r in range(4)}
         ends = {r: tr.calls[r][0].end for r in range(4)}
@@ -211,6 +217,7 @@ def test_clock_offsets_are_measured_and_corrected(world):
         world.run(_tracer.set_clock_skew, 0.0)
 
 
+@pytest.mark.integration
 def test_magic_shows_summary_and_timeline_and_keeps_the_trace(ip):
     cap, err = pg(ip, "--trace", "t = torch.ones(2)\ndist.all_reduce(t)\nprint(t)")
     assert err is None
@@ -224,6 +231,7 @@ def test_magic_shows_summary_and_timeline_and_keeps_the_trace(ip):
     assert isinstance(ip.user_ns["_pg_trace"], Trace)
 
 
+@pytest.mark.integration
 def test_different_collectives_on_real_ranks(world):
     # a group with a short timeout: the mismatched ranks give up by themselves, the world stays usable
     code = ("import datetime\ng = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=1))\n"
@@ -249,6 +257,7 @@ for i in range(3):
 """
 
 
+@pytest.mark.integration
 def test_the_trace_after_a_timeout_says_who_never_called(world, ip):
     cap, err = pg(ip, "--trace --timeout 2", SKIP_THIRD)
     assert err is not None and "still running after the 2 s --timeout" in str(err)
@@ -262,6 +271,7 @@ def test_the_trace_after_a_timeout_says_who_never_called(world, ip):
     assert not [f for f in os.listdir(stack_dir) if f.startswith("trace-")]  # read, then removed
 
 
+@pytest.mark.integration
 def test_kill_a_rank_then_recover(world, ip):
     with capture_output() as cap:
         ip.run_line_magic("pg_kill", "2")

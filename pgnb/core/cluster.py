@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 from ..errors import EngineStartError, SpecError
 from ..procs.reaper import OWNER_ENV, Reaper, cluster_files, kill_all, owned_by_token, sweep, write_state
 from ..rank import engine
+from ..spec import LOCAL_LAUNCHERS
 from .files import private_file
 from .rendezvous import EngineInfo
 
@@ -27,10 +28,9 @@ from .rendezvous import EngineInfo
 #: makes every registration wait up to 3 s; 100 ms is cheap on one machine.
 HEARTBEAT_MS = 100
 ENGINE_START_TIMEOUT = 120.0
-#: Launchers whose engines run on this machine: they are started as soon as the controller
+#: Engines of local launchers (``pgnb.spec.LOCAL_LAUNCHERS``) are started as soon as the controller
 #: process is (not once it has written its connection files) and read those files themselves,
 #: so a zygote imports torch while the controller boots (~0.6-1 s less per cold start here).
-LOCAL_LAUNCHERS = ("local", "pgnb.fork")
 #: Launchers pgnb keeps on loopback (one machine). Others (slurm, ssh, pbs, ...) listen where the profile says.
 LOOPBACK_LAUNCHERS = (*LOCAL_LAUNCHERS, "mpi")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._wire import CellState
 from ..errors import CellTimeout, RankError, RankLost
-from .text import lost_text, ranks_text
+from .text import lost_text, one_line, ranks_text
 from .trace import Trace
 
 _SYNTAX_ERRORS = ("SyntaxError", "IndentationError", "TabError")
@@ -114,7 +114,7 @@ class CellResult:
                 r.stdout or r.stderr or r.outputs or r.result is not None
             ):
                 continue
-            state = r.state
+            state: str = r.state  # a label: a CellState, or "interrupted"
             if self.interrupted and r.ename == "KeyboardInterrupt":
                 state = "interrupted"
             out.append(("stdout", f"[rank {r.rank}]" + (f" {state}" if with_state else "") + "\n"))
@@ -194,8 +194,7 @@ class CellResult:
 
 
 def _one_line(r: RankOutput) -> str:
-    first = next((ln.strip() for ln in r.evalue.splitlines() if ln.strip()), "")
-    return f"{r.ename}: {first}" if first else r.ename
+    return one_line(r.ename, r.evalue)
 
 
 def _ended(text: str) -> str:

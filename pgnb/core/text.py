@@ -19,6 +19,12 @@ def ranks_text(ranks: Iterable[int]) -> str:
     return "ranks " + ", ".join(map(str, rs))
 
 
+def one_line(ename: str, evalue: str) -> str:
+    """``ename: first line of the message``: how an error reads inside a longer message."""
+    first = next((ln.strip() for ln in evalue.splitlines() if ln.strip()), "")
+    return f"{ename}: {first}" if first else ename
+
+
 def lost_text(lost: Mapping[int, str]) -> str:
     """``{2: "engine killed by SIGKILL"}`` -> ``"rank 2 lost (engine killed by SIGKILL)"``; one clause per cause."""
     by_cause: dict[str, list[int]] = {}

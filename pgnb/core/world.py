@@ -24,7 +24,6 @@ from typing import Any
 
 from .._wire import RankReport, RankState, WorldPhase
 from ..errors import (
-    NOT_STARTED,
     RECOVER_HINT,
     CellTimeout,
     EngineStartError,
@@ -37,14 +36,14 @@ from ..errors import (
 from ..procs.reaper import Reaper, owned_by_token
 from ..rank import engine
 from ..rank.cell import clean_message
-from ..spec import WorldSpec, init_command
+from ..spec import WorldSpec, init_command, keywords_signature
 from .busy import Busy, BusyEntry
 from .cluster import EnginePool, exit_status
 from .files import OwnedDir
 from .liveness import PERIOD, STATUS_WAIT, Watcher
 from .rendezvous import STORE_FILE, EngineInfo, plans, rank_order, store_bind
 from .stacks import dump_stacks
-from .text import lost_text, ranks_text
+from .text import lost_text, one_line, ranks_text
 
 #: Extra seconds pgnb waits past torch's own timeout, so torch's clearer error wins when it fires.
 DEADLINE_SLACK = 1.0
@@ -96,13 +95,9 @@ _LIVE: weakref.WeakSet[World] = weakref.WeakSet()
 
 
 def _one_line(exc: BaseException) -> str:
-    """``ename: first line of the message`` for a remote or local exception."""
-    ename = getattr(exc, "ename", None) or type(exc).__name__
+    """``ename: first line of the message`` for a remote or local exception, without C++ locations or ports."""
     evalue = getattr(exc, "evalue", None)
-    text = str(evalue if evalue is not None else exc).strip()
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    first = clean_message(first)  # no C++ source locations, no peer ports
-    return f"{ename}: {first}" if first else ename
+    return one_line(_ename(exc), clean_message(str(evalue if evalue is not None else exc).strip()))
 
 
 class World:
@@ -160,7 +155,7 @@ class World:
     def _set_rows(self, rows: Iterable[RankStatus], **changes: Any) -> None:
         self._publish(ranks=tuple(rows), **changes)
 
-    def _fresh_rows(self, state: str, spec: WorldSpec | None = None) -> tuple[RankStatus, ...]:
+    def _fresh_rows(self, state: RankState, spec: WorldSpec | None = None) -> tuple[RankStatus, ...]:
         spec = spec or self.spec
         return tuple(RankStatus(r, spec.world, spec.backend, state) for r in range(spec.world))
 
@@ -203,7 +198,8 @@ class World:
     def pids(self) -> list[int]:
         """Every live process pgnb started for this world (engines, nannies, zygotes, controller, reaper)."""
         out = {e.pid for e in self._known.values()} | {e.nanny_pid for e in self._known.values() if e.nanny_pid}
-        ctl = self._pool and self._pool.cluster and getattr(self._pool.cluster.controller, "process", None)
+        cluster = self.cluster
+        ctl = cluster and getattr(cluster.controller, "process", None)
         if ctl is not None:
             out.add(ctl.pid)
         if self._reaper is not None:
@@ -340,7 +336,7 @@ class World:
             self._watch(infos)
             pool.warm_up(new)
         self._ranks = rank_order([self._known[i] for i in pool.ids()], spec.world,
-                                 use_launcher_rank=spec.attached or spec.launcher not in ("local", "pgnb.fork"))
+                                 use_launcher_rank=not spec.local)
         rows = [RankStatus(r, spec.world, spec.backend, "pending", host=e.host, pid=e.pid,
                            engine_id=e.engine_id, launcher_rank=e.launcher_rank)
                 for r, e in enumerate(self._ranks)]
@@ -419,14 +415,14 @@ class World:
 
     def _row_from_init(self, row: RankStatus, ar: Any) -> RankStatus:
         try:
-            res = ar.get(timeout=0)
+            res: RankReport = ar.get(timeout=0)
         except Exception as e:
-            state = "lost" if _ename(e) in ("EngineError", "TaskAborted") else "failed"
+            state: RankState = "lost" if _ename(e) in ("EngineError", "TaskAborted") else "failed"
             return replace(row, state=state, error=_one_line(e))
         return replace(row, state="initialized", backend=self._shown_backend(res), device=res["device"],
                        world_size=res["world_size"], init_seconds=res["init_seconds"])
 
-    def _shown_backend(self, res: dict[str, Any]) -> str:
+    def _shown_backend(self, res: RankReport) -> str:
         # get_backend() says "undefined" for multi-device strings; the config says what runs where
         return res["backend_config"] if "," in self.spec.backend else res["backend"]
 
@@ -681,6 +677,9 @@ class World:
             self._stop_pool()
             self._set_rows((replace(r, state="destroyed", error="") if r.state != "lost" else r
                             for r in self._snapshot.ranks), phase="shut down", message="")
+
+
+setattr(World.__init__, "__signature__", keywords_signature(World.__init__))  # noqa: B010 - help() shows the options
 
 
 def _ename(exc: BaseException) -> str:

@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from pgnb._wire import RANK_STATES as STATES
+
 pytestmark = pytest.mark.browser
 
 # Same knobs as conftest.py (not imported from it: conftest is not a module to import).
@@ -36,7 +38,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 UI_TIMEOUT_MS = 60_000
 
 WORLD = 4
-STATES = ("starting", "pending", "initialized", "failed", "destroyed", "lost")
 NOT_INITIALIZED = re.compile(r"^(starting|pending|failed|destroyed|lost)$")
 VIEW = ".jupyter-widgets.pgnb-view"
 ROW = ".jupyter-widgets.pgnb-row"
