@@ -60,17 +60,22 @@ test: test-venv user-venv
 	IPYTHONDIR=$$(mktemp -d) PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest $(PYTEST_ARGS)
 
 soak: test-venv
-	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py
+	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py tests/test_busy.py
 
-# the README's reliability table, from a run of the reliability and soak tests
+# docs/reliability.md's table, from a run of the reliability and soak tests
 reliability: test-venv
 	IPYTHONDIR=$$(mktemp -d) $(PY) tests/reliability_table.py --run-slow tests/test_reliability.py tests/test_soak.py
 
+# docs/performance.md's table, from a full run
 bench: test-venv
 	IPYTHONDIR=$$(mktemp -d) $(PY) -m benchmarks
 
-lint:
+# ruff, mypy --strict, and the import directions (tests/test_layout.py, no engines)
+lint: test-venv
+	$(PIP) install -e ".[dev]"
 	$(PY) -m ruff check pgnb tests benchmarks
+	$(PY) -m mypy --strict pgnb
+	$(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests/test_layout.py
 
 clean:
 	rm -rf $(VENV) $(USER_VENV) .pytest_cache

@@ -6,12 +6,12 @@ round by round so background load hits both alike. Prints medians and the
 ratio of each row against its target, writes ``benchmarks/results/latest.json``
 (every sample) and ``benchmarks/results/latest.md`` (the table docs/performance.md shows).
 
-    python -m benchmarks                 # the full run (~6-8 min on 2 idle cores)
-    python -m benchmarks --quick         # one sample of each, smaller loops (~2-3 min)
-    python -m benchmarks --update-docs   # also replace the table in docs/performance.md
+    python -m benchmarks                 # the full run (~4-6 min on 2 cores); updates docs/performance.md
+    python -m benchmarks --quick         # one sample of each, smaller loops (~2-3 min); docs untouched
+    python -m benchmarks --no-docs       # a full run that leaves docs/performance.md as it is
 
-``--update-docs`` replaces only what stands between the page's ``<!-- bench:begin -->``
-and ``<!-- bench:end -->`` markers (``--update-readme`` is an old name for it).
+A full run replaces only what stands between docs/performance.md's ``<!-- bench:begin -->``
+and ``<!-- bench:end -->`` markers.
 """
 
 from __future__ import annotations
@@ -234,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one sample of each row, smaller loops")
     parser.add_argument("--out", default=RESULTS, help="folder for latest.json and latest.md")
-    parser.add_argument("--update-docs", "--update-readme", dest="update_docs", action="store_true",
-                        help="also put the table into docs/performance.md (--update-readme: old name)")
+    parser.add_argument("--no-docs", action="store_true",
+                        help="do not put the table into docs/performance.md (a --quick run never does)")
     args = parser.parse_args(argv)
 
     p = plan(args.quick)
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         f.write("\n")
     with open(os.path.join(args.out, "latest.md"), "w") as f:
         f.write(table)
-    if args.update_docs:
+    if not (args.quick or args.no_docs):
         update_docs(table)
     targets = [r for r in rows if not r["target"].startswith("(")]
     missed = [r["measure"] for r in targets if not r["met"]]

@@ -133,7 +133,7 @@ def test_run_failure_names_the_rank(world4):
 
 def test_run_before_start_says_what_to_do():
     sb = pgnb.Sandbox(world=1)
-    with pytest.raises(pgnb.NotStartedError, match="run `%pg_init`"):
+    with pytest.raises(pgnb.NotStartedError, match="run %pg_init first"):
         sb.run(len, [])
 
 
