@@ -172,12 +172,13 @@ def test_timeout_names_the_stuck_rank_and_where_it_is_blocked(world, ip):
     assert took < 5, took
     assert type(err) is UsageError and "\n" not in str(err)
     msg = str(err)
-    assert msg.startswith("rank 0 still running after the 3 s --timeout, blocked in all_reduce (distributed_c10d.py:")
+    assert msg.startswith("rank 0 still running after the 3 s --timeout, blocked in all_reduce (distributed_c10d.py);")
     assert msg.endswith("run `%pg_init --backend gloo --world 4 --force` to restart the engines")
     assert cap.stdout.startswith("[rank 0] still running\n")
     stack = cap.stderr
     assert stack.startswith("rank 0 is blocked here (most recent call last):\n  Cell, line 2\n    dist.all_reduce(t)\n")
-    assert re.search(r'File "torch/distributed/distributed_c10d.py", line \d+, in all_reduce', stack)
+    assert "\n  torch/distributed/distributed_c10d.py, in all_reduce\n" in stack  # no torch line numbers
+    assert not re.search(r"line \d|\.py:\d", stack.split("dist.all_reduce(t)\n", 1)[1])
     assert "ipykernel" not in stack and "ipyparallel" not in stack
     # the stuck rank is refused at once, not queued behind its collective
     t0 = time.monotonic()
@@ -275,6 +276,6 @@ def test_trim_stack_keeps_the_cell_and_what_it_called():
     )
     lines, where = trim_stack(dump, "x = 1\nhelper()\n")
     assert lines == ["  Cell, line 2", "    helper()", "  Earlier cell, line 3, in helper",
-                     '  File "torch/distributed/distributed_c10d.py", line 10, in all_reduce']
-    assert where == "all_reduce (distributed_c10d.py:10)"
+                     "  torch/distributed/distributed_c10d.py, in all_reduce"]
+    assert where == "all_reduce (distributed_c10d.py)"
     assert trim_stack("Thread 0x1 (most recent call first):\n  File \"/a.py\", line 1 in f\n") == ([], "")

@@ -86,13 +86,13 @@ def test_hang_with_timeout_then_force_gives_a_working_world(kernel):
     assert ex.seconds < 5, ex.seconds
     assert ex.status == "error" and ex.error["ename"] == "UsageError"
     msg = ex.error["evalue"]
-    assert msg.startswith("rank 0 still running after the 3 s --timeout, blocked in all_reduce (distributed_c10d.py:")
+    assert msg.startswith("rank 0 still running after the 3 s --timeout, blocked in all_reduce (distributed_c10d.py);")
     recover = re.search(r"run `(%pg_init [^`]+)` to restart the engines$", msg)[1]
     assert recover == "%pg_init --backend gloo --world 4 --force"
     assert streams(ex, "stdout").startswith("[rank 0] still running\n")
     stack = streams(ex, "stderr")
     assert "rank 0 is blocked here (most recent call last):\n  Cell, line 2\n    dist.all_reduce(t)\n" in stack
-    assert re.search(r'File "torch/distributed/distributed_c10d.py", line \d+, in all_reduce\n', stack)
+    assert "\n  torch/distributed/distributed_c10d.py, in all_reduce\n" in stack  # no torch line numbers
     ex = kernel.execute(recover)
     assert ex.status == "ok", ex.text()
     ex = kernel.execute(ALL_REDUCE)

@@ -4,7 +4,9 @@ Every engine registered ``faulthandler`` on SIGUSR1 into a 0600 file in a
 0700 directory the world owns (``pgnb.rank.cell.enable_stack_dumps``). A C
 signal handler answers even while the rank is blocked inside a gloo
 collective (which ignores SIGINT). The stack is trimmed to the frames that
-matter: the cell's own code and what it called.
+matter: the cell's own code and what it called. Library frames are shown as
+tracebacks show them (``pgnb.rank.cell.plain_traceback``): file and function,
+no line number or source line, which change with every torch release.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class Stack:
     """Where one still-running rank is: its frames (most recent call last) and the innermost one."""
 
     frames: tuple[str, ...] = ()
-    blocked_in: str = ""  # e.g. "all_reduce (distributed_c10d.py:3252)" or "the cell, line 3"
+    blocked_in: str = ""  # e.g. "all_reduce (distributed_c10d.py)" or "the cell, line 3"
     note: str = ""  # why there are no frames
 
 
@@ -104,8 +106,9 @@ def trim_stack(dump: str, code: str = "") -> tuple[list[str], str]:
     """The cell's frames from a faulthandler dump, most recent call last, and where it is blocked.
 
     The thread running the cell is the one with IPython's ``run_code`` frame;
-    the frames above it (IPython, ipykernel, ipyparallel) are dropped. Each
-    frame gets its source line, from ``code`` for the cell's own frames.
+    the frames above it (IPython, ipykernel, ipyparallel) are dropped. The
+    cell's frames (and earlier cells') get their line and source, from
+    ``code`` for this cell; library frames only their file and function.
     """
     threads: list[list[tuple[str, int, str]]] = []
     for line in dump.splitlines():
@@ -135,7 +138,7 @@ def trim_stack(dump: str, code: str = "") -> tuple[list[str], str]:
         elif _CELL_FILE.search(f):
             where = f"{fn} (an earlier cell, line {ln})"
         else:
-            where = f"{fn} ({os.path.basename(f)}:{ln})"
+            where = f"{fn} ({os.path.basename(f)})"
         return lines, where
     return [], ""
 
@@ -144,7 +147,9 @@ def _source_line(path: str, line: int, cell_file: str, code: str) -> str:
     if path == cell_file:
         lines = code.splitlines()
         return lines[line - 1].strip() if 0 < line <= len(lines) else ""
-    return linecache.getline(path, line).strip()
+    if _CELL_FILE.search(path):
+        return linecache.getline(path, line).strip()
+    return ""  # a library's source line changes between its releases, like its line number
 
 
 def _frame_text(path: str, line: int, func: str, cell_file: str) -> str:
@@ -153,4 +158,4 @@ def _frame_text(path: str, line: int, func: str, cell_file: str) -> str:
         return f"  Cell, line {line}{where}"
     if _CELL_FILE.search(path):
         return f"  Earlier cell, line {line}{where}"
-    return f'  File "{short_path(path)}", line {line}{where}'
+    return f"  {short_path(path)}{where}"
