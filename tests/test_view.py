@@ -13,7 +13,7 @@ from IPython.utils.capture import capture_output
 
 from pgnb.core.report import status_table
 from pgnb.core.world import RankStatus, Snapshot
-from pgnb.notebook.view import StatusView, WorldReport
+from pgnb.notebook.view import REPLACED, SHUT_DOWN, SUPERSEDED, StatusView, WorldReport
 from pgnb.spec import WorldSpec
 
 
@@ -40,10 +40,15 @@ class Published:
     def shutdown(self):
         self.publish(self._snap.ranks, phase="shut down")
 
-    def publish(self, rows, phase):
-        self._snap = replace(self._snap, ranks=tuple(rows), phase=phase)
+    def publish(self, rows, phase, **changes):
+        self._snap = replace(self._snap, ranks=tuple(rows), phase=phase, **changes)
         for fn in list(self._listeners):
             fn(self)
+
+    def reinit(self, spec, state="initialized"):
+        """What ``World.init`` publishes: a new generation, with the new spec."""
+        rows = [RankStatus(r, spec.world, spec.backend, state) for r in range(spec.world)]
+        self.publish(rows, phase=state, spec=spec, generation=self._snap.generation + 1)
 
 
 @pytest.fixture
@@ -140,3 +145,97 @@ def test_a_launcher_numbered_rank_shows_both_numbers(sb):
     assert all(f"mpi {r}" in w.value for r, w in enumerate(_rows(view)))
     sb.publish([RankStatus(r, 4, "gloo", "initialized") for r in range(4)], phase="initialized")
     assert not any("mpi" in w.value for w in _rows(view))
+
+
+# ---- a view tells the truth about its own world (issue 18) ----------------------------------------------
+def _widgets_alive():
+    from ipywidgets.widgets.widget import _instances  # every widget the kernel keeps (ipywidgets 8)
+
+    return sum(1 for w in _instances.values() if getattr(w, "comm", None) is not None)
+
+
+def _static(view):
+    (static,) = view.children
+    assert "pgnb-static" in static._dom_classes
+    return static.value
+
+
+def _static_states(view):
+    return re.findall(r"class='pgnb-state'[^>]*>([a-z ]+)<", _static(view))
+
+
+def test_a_live_view_waits_for_its_own_world(sb):
+    sb.publish([RankStatus(r, 4, "gloo", "initialized") for r in range(4)], phase="initialized")
+    tcp = WorldSpec(world=2, init_method="tcp")
+    view = StatusView(sb, live=True, spec=tcp)  # shown by %pg_init before the world is re-made
+    assert view.generation is None and "world 2" in view._header.value and "tcp://" in view._header.value
+    assert _states(view) == ["starting"] * 2
+    sb.publish([RankStatus(r, 4, "gloo", "destroyed") for r in range(4)], phase="destroyed")  # the old world
+    assert "world 2" in view._header.value and _states(view) == ["starting"] * 2
+    sb.reinit(tcp, state="pending")
+    assert view.generation == 1 and _states(view) == ["pending"] * 2
+    sb.publish([RankStatus(r, 2, "gloo", "initialized") for r in range(2)], phase="initialized")
+    assert _states(view) == ["initialized"] * 2 and not view.frozen
+
+
+def test_a_later_world_freezes_the_view_at_its_own(sb):
+    sb.publish([RankStatus(r, 4, "gloo", "initialized", device="cpu") for r in range(4)], phase="initialized")
+    with capture_output() as cap:
+        display(view := StatusView(sb))
+    text = cap.outputs[0].data["text/plain"]
+    sb.reinit(WorldSpec(world=3, init_method="file"))
+    assert view.frozen == REPLACED
+    static = _static(view)
+    assert "world 4" in static and "init <code>env://</code>" in static and "file://" not in static
+    assert "world 3" not in static and _static_states(view) == ["initialized"] * 4
+    assert "frozen: replaced by a later %pg_init" in static
+    assert static.count("disabled") == 2  # both buttons
+    assert view.text() == text  # what nbval compared, whatever happened since
+    sb.reinit(WorldSpec(world=2))
+    assert _static(view) == static  # frozen for good
+
+
+def test_shutdown_freezes_the_view_with_its_final_rows(sb):
+    view = StatusView(sb)
+    sb.publish([RankStatus(r, 4, "gloo", "initialized") for r in range(4)], phase="initialized")
+    sb.shutdown()  # the view's own world ends: it shows that, then stops
+    assert view.frozen == SHUT_DOWN
+    assert "frozen: shut down" in _static(view) and "pgnb-phase'>shut down<" in _static(view)
+
+
+def test_a_frozen_view_costs_few_widgets_and_its_buttons_act_on_nothing(sb, monkeypatch):
+    calls = []
+    monkeypatch.setattr(sb, "status", lambda: calls.append("status"))
+    view = StatusView(sb)
+    refresh, stop = view.children[-1].children
+    before = _widgets_alive()
+    view.freeze(SUPERSEDED)
+    after = _widgets_alive()
+    assert before - after >= 25, (before, after)  # ~30 widgets for 4 ranks -> VBox + one HTML (and their styles)
+    assert refresh.comm is None and stop.comm is None
+    view._act(sb.status)  # a click already on its way when the view froze
+    assert calls == []
+    assert "frozen: a newer view follows this world" in _static(view)
+
+
+def test_magics_keep_one_live_view(sb):
+    from pgnb.notebook.magics import PgMagics
+
+    shell = InteractiveShell.instance()
+    magics = PgMagics(shell)
+    sb.publish([RankStatus(r, 4, "gloo", "initialized") for r in range(4)], phase="initialized")
+    with capture_output() as cap:
+        first = magics._show_view(sb, live=False)  # %pg_status
+        second = magics._show_view(sb, live=True, spec=WorldSpec(world=2, init_method="tcp"))  # %pg_init
+        sb.reinit(WorldSpec(world=2, init_method="tcp"))
+        third = magics._show_view(sb, live=False)
+    assert (first.frozen, second.frozen, third.frozen) == (REPLACED, SUPERSEDED, "")
+    # outputs are displayed once and never updated: what nbval compares is what was sent
+    assert [o.data["text/plain"].splitlines()[0] for o in cap.outputs] == [
+        "pgnb world: backend gloo, world 4, init env:// | 4/4 initialized",
+        "pgnb world: backend gloo, world 2, init tcp:// (live view; the outcome follows)",
+        "pgnb world: backend gloo, world 2, init tcp:// | 2/2 initialized",
+    ]
+    assert "world 2" in _static(second) and "tcp://" in _static(second)
+    sb.shutdown()
+    assert third.frozen == SHUT_DOWN and first.frozen == REPLACED

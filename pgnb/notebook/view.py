@@ -15,6 +15,7 @@ widget trait changes, which nbval ignores, so what nbval compares is the
 from __future__ import annotations
 
 import html
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -51,6 +52,10 @@ STATE_COLOURS = {
 COLUMNS = ("rank", "host", "pid", "device", "backend", "world", "state", "error")
 _WIDTHS = ("6em", "9em", "5em", "5em", "9em", "3.5em", "7em", "auto")
 FINAL_PHASES = ("initialized", "failed", "destroyed", "shut down")
+#: Why a view stopped following its world: the one line a frozen view shows.
+REPLACED = "replaced by a later %pg_init"
+SHUT_DOWN = "shut down"
+SUPERSEDED = "a newer view follows this world"
 
 
 class WorldReport:
@@ -92,14 +97,42 @@ def _close_one(w: W.Widget) -> None:
         w.comm = None
 
 
+def _placeholder(spec: WorldSpec) -> Snapshot:
+    """What a view shows of the world it waits for, before that world's first snapshot."""
+    return Snapshot(spec, tuple(RankStatus(r, spec.world, spec.backend, "starting") for r in range(spec.world)), "new")
+
+
 class StatusView(W.VBox):  # type: ignore[misc]  # ipywidgets has no type information (VBox is Any)
-    """Live view of a world: header, one row per rank, and actions."""
+    """A view of one world: header, one row per rank, and actions.
+
+    A view belongs to the world that was current when it was made: the
+    ``Snapshot.generation`` of its ``World`` then, or, for a ``live`` view (shown
+    by ``%pg_init`` before it initialises anything), the next one. It redraws
+    that world's snapshots and ignores any other's. When its world is replaced
+    (a later ``%pg_init``, ``--force``) or shut down, or a newer view takes over
+    (``freeze``), it stops following: it keeps the last picture of its own
+    world, says why in one line (``frozen``), and its widgets are swapped for
+    one static HTML widget with the same rows and disabled buttons, so an old
+    view costs the kernel 5 widgets instead of ~30 and still shows its table.
+    """
 
     def __init__(self, sandbox: WorldLike, live: bool = False, spec: WorldSpec | None = None, **kwargs: Any) -> None:
         self._sandbox = sandbox
         self.live = live
+        now = sandbox.snapshot()
         # what was asked for: a live view is shown before the sandbox has switched to it
-        self._requested = spec
+        wanted = spec or now.spec
+        #: the text form of a live view, fixed when it is made: nbval compares it, so it must not
+        #: depend on how far the world got by the time the frontend asks
+        self._live_text = f"pgnb world: {wanted.describe()} (live view; the outcome follows)"
+        #: the generation of the world this view belongs to (None: a live view whose world is not made yet)
+        self.generation: int | None = None if live else now.generation
+        self._after = now.generation
+        #: why this view no longer follows its world ("" while it does)
+        self.frozen = ""
+        self._shown = _placeholder(wanted) if live else now
+        # the liveness watcher publishes from its own thread
+        self._lock = threading.RLock()
         self._header = W.HTML().add_class("pgnb-header")
         self._rows_box = W.VBox().add_class("pgnb-rows")
         self._refresh = W.Button(description="Refresh", icon="refresh",
@@ -107,14 +140,14 @@ class StatusView(W.VBox):  # type: ignore[misc]  # ipywidgets has no type inform
         self._shutdown = W.Button(description="Shut down", icon="power-off",
                                   tooltip="Destroy the group and stop the engines").add_class("pgnb-shutdown")
         self._message = W.HTML().add_class("pgnb-message")
-        self._refresh.on_click(lambda _: self._sandbox.status())
-        self._shutdown.on_click(lambda _: self._sandbox.shutdown())
+        self._refresh.on_click(lambda _: self._act(self._sandbox.status))
+        self._shutdown.on_click(lambda _: self._act(self._sandbox.shutdown))
         self._row_widgets: list[W.HTML] = []
-        self._title = W.HTML(self._cells(list(COLUMNS), bold=True)).add_class("pgnb-title")
+        self._title = W.HTML(_cells(list(COLUMNS), bold=True)).add_class("pgnb-title")
         super().__init__([self._header, self._rows_box, self._message,
                           W.HBox([self._refresh, self._shutdown])], **kwargs)
         self.add_class("pgnb-view")
-        self.render(sandbox.snapshot())
+        self.render(self._shown)
         sandbox.add_listener(self._on_change)
 
     def detach(self) -> None:
@@ -135,73 +168,90 @@ class StatusView(W.VBox):  # type: ignore[misc]  # ipywidgets has no type inform
         except KeyError:  # see _close_one
             self.comm = None
 
+    def freeze(self, reason: str) -> None:
+        """Stop following the world, keep its last picture, and say ``reason`` in one line.
+
+        The header, rows and buttons become one static HTML widget (buttons disabled); the
+        widgets they were are closed. The displayed output is not rewritten (its text/plain
+        is what nbval compared), only this box's children change. Freezing twice keeps the
+        first reason.
+        """
+        with self._lock:
+            if self.frozen:
+                return
+            self.frozen = reason
+            self.detach()
+            old = [*self.children, self._title, *self._row_widgets]
+            static = W.HTML(self.static_html()).add_class("pgnb-static")
+            self.set_trait("children", (static,))
+            self._row_widgets = []
+            for w in old:
+                _close_tree(w)
+
+    def _act(self, action: Callable[[], Any]) -> None:
+        # a click that was on its way when the view froze acts on nothing: the world is no longer this view's
+        if not self.frozen:
+            action()
+
     def _on_change(self, sandbox: WorldLike) -> None:
-        self.render(sandbox.snapshot())
+        snap = sandbox.snapshot()
+        with self._lock:
+            if self.frozen:
+                return
+            if self.generation is None:
+                if snap.generation <= self._after:
+                    return  # the world before this view's, on its way out
+                self.generation = snap.generation
+            if snap.generation != self.generation:
+                self.freeze(REPLACED)
+                return
+            self.render(snap)
+            if snap.phase == "shut down":
+                self.freeze(SHUT_DOWN)
 
     # ---- drawing -------------------------------------------------------
     def render(self, snap: Snapshot) -> None:
+        self._shown = snap
         with self.hold_sync():
-            self._header.value = self._header_html(snap)
+            self._header.value = _header_html(snap)
             while len(self._row_widgets) < len(snap.ranks):
                 self._row_widgets.append(W.HTML())
             rows = self._row_widgets[: len(snap.ranks)]
             for w, r in zip(rows, snap.ranks, strict=True):
-                w.value = self._row_html(r)
-                w._dom_classes = ("pgnb-row", f"pgnb-rank-{r.rank}", f"pgnb-is-{r.state}")
+                w.value = _row_html(r)
+                w._dom_classes = _row_classes(r)
             if list(self._rows_box.children) != [self._title, *rows]:
                 self._rows_box.children = [self._title, *rows]
-            self._message.value = (f"<span style='color:{STATE_COLOURS['failed']}'>{html.escape(snap.message)}</span>"
-                                   if snap.message else "")
+            self._message.value = _message_html(snap)
             stopped = snap.phase == "shut down"
             self._refresh.disabled = stopped
             self._shutdown.disabled = stopped
 
-    def _header_html(self, snap: Snapshot) -> str:
-        spec = snap.spec
-        elapsed = ""
-        if snap.started_at and snap.phase not in FINAL_PHASES:
-            elapsed = f" &middot; {time.monotonic() - snap.started_at:.1f} s"
-        engines = ""
-        if snap.phase == "starting engines":
-            engines = f" &middot; engines {snap.engines_up}/{spec.world} up"
-        init = spec.init_method if "://" in spec.init_method else f"{spec.init_method}://"
+    def static_html(self) -> str:
+        """The view as one piece of HTML: what a frozen view shows (same classes as the widgets)."""
+        snap = self._shown
+        why = html.escape(self.frozen)
+        tip = html.escape(f"frozen: {self.frozen}; this view acts on no world now (%pg_status shows the current one)")
+        rows = "".join(f"<div class='{' '.join(_row_classes(r))}' style='{_ROW_STYLE}'>{_row_html(r)}</div>"
+                       for r in snap.ranks)
+        message = _message_html(snap)
+        buttons = "".join(
+            f"<button class='jupyter-button widget-button {cls}' disabled title='{tip}' style='margin-right:4px'>"
+            f"<i class='fa fa-{icon}'></i> {label}</button>"
+            for cls, icon, label in (("pgnb-refresh", "refresh", "Refresh"),
+                                     ("pgnb-shutdown", "power-off", "Shut down")))
         return (
-            "<div style='font-family:var(--jp-ui-font-family,sans-serif)'>"
-            f"<b>pgnb</b> &middot; backend <code>{html.escape(spec.backend)}</code> &middot; "
-            f"world {spec.world} &middot; init <code>{html.escape(init)}</code>"
-            + (f" &middot; group <code>{html.escape(spec.group_name)}</code>" if spec.group_name else "")
-            + f" &middot; <span class='pgnb-count'>{snap.initialized}/{spec.world} initialized</span>"
-            f" &middot; <span class='pgnb-phase'>{html.escape(snap.phase)}</span>{engines}{elapsed}</div>"
+            f"<div class='pgnb-header' style='{_ROW_STYLE}'>{_header_html(snap, frozen=True)}</div>"
+            f"<div class='pgnb-rows'><div class='pgnb-title' style='{_ROW_STYLE}'>{_cells(list(COLUMNS), bold=True)}"
+            f"</div>{rows}</div>"
+            + (f"<div class='pgnb-message'>{message}</div>" if message else "")
+            + f"<div class='pgnb-frozen' style='color:#616161;font-style:italic;{_ROW_STYLE}'>frozen: {why}</div>"
+            f"<div>{buttons}</div>"
         )
-
-    @staticmethod
-    def _cells(values: list[str], bold: bool = False) -> str:
-        style = "display:inline-block;padding:0 .4em;white-space:nowrap;overflow:hidden;vertical-align:top"
-        weight = ";font-weight:bold" if bold else ""
-        return "".join(f"<span style='{style};width:{w}{weight}'>{v}</span>"
-                       for v, w in zip(values, _WIDTHS, strict=True))
-
-    def _row_html(self, r: RankStatus) -> str:
-        colour = STATE_COLOURS.get(r.state, "#000")
-        # the dot is decoration; keep the state cell's text exactly the state for tests and screen readers
-        state = (f"<span style='color:{colour}'>&#9679;</span> "
-                 f"<span class='pgnb-state' style='color:{colour};font-weight:bold'>{html.escape(r.state)}</span>")
-        rank = str(r.rank)
-        if r.launcher_rank is not None:  # MPI / Slurm numbered the process: show that torch agrees
-            rank += (f" <span class='pgnb-launcher-rank' style='opacity:.7' title='rank given by the "
-                     f"launcher (MPI COMM_WORLD rank or SLURM_PROCID)'>&middot; mpi {r.launcher_rank}</span>")
-        values = [rank, html.escape(r.host or "-"), str(r.pid or "-"), html.escape(r.device or "-"),
-                  html.escape(r.backend), str(r.world_size), state,
-                  f"<span class='pgnb-error' title='{html.escape(r.error)}'>{html.escape(r.error)}</span>"]
-        return self._cells(values)
 
     # ---- text forms ------------------------------------------------------
     def text(self) -> str:
-        snap = self._sandbox.snapshot()
-        if self.live:
-            spec = self._requested or snap.spec
-            return f"pgnb world: {spec.describe()} (live view; the outcome follows)"
-        return status_table(snap)
+        return self._live_text if self.live else status_table(self._shown)
 
     def __repr__(self) -> str:
         return self.text()
@@ -213,3 +263,57 @@ class StatusView(W.VBox):  # type: ignore[misc]  # ipywidgets has no type inform
         bundle = dict(super()._repr_mimebundle_(**kwargs) or {})
         bundle["text/plain"] = self.text()  # ipywidgets would cut repr() at 110 characters
         return bundle
+
+
+# ---- HTML pieces, shared by the live widgets and the static picture of a frozen view ----
+#: a static row is as tall as a widget row (ipywidgets' inline height)
+_ROW_STYLE = "min-height:var(--jp-widgets-inline-height,28px);line-height:var(--jp-widgets-inline-height,28px)"
+
+
+def _cells(values: list[str], bold: bool = False) -> str:
+    style = "display:inline-block;padding:0 .4em;white-space:nowrap;overflow:hidden;vertical-align:top"
+    weight = ";font-weight:bold" if bold else ""
+    return "".join(f"<span style='{style};width:{w}{weight}'>{v}</span>" for v, w in zip(values, _WIDTHS, strict=True))
+
+
+def _row_classes(r: RankStatus) -> tuple[str, ...]:
+    return ("pgnb-row", f"pgnb-rank-{r.rank}", f"pgnb-is-{r.state}")
+
+
+def _row_html(r: RankStatus) -> str:
+    colour = STATE_COLOURS.get(r.state, "#000")
+    # the dot is decoration; keep the state cell's text exactly the state for tests and screen readers
+    state = (f"<span style='color:{colour}'>&#9679;</span> "
+             f"<span class='pgnb-state' style='color:{colour};font-weight:bold'>{html.escape(r.state)}</span>")
+    rank = str(r.rank)
+    if r.launcher_rank is not None:  # MPI / Slurm numbered the process: show that torch agrees
+        rank += (f" <span class='pgnb-launcher-rank' style='opacity:.7' title='rank given by the "
+                 f"launcher (MPI COMM_WORLD rank or SLURM_PROCID)'>&middot; mpi {r.launcher_rank}</span>")
+    values = [rank, html.escape(r.host or "-"), str(r.pid or "-"), html.escape(r.device or "-"),
+              html.escape(r.backend), str(r.world_size), state,
+              f"<span class='pgnb-error' title='{html.escape(r.error)}'>{html.escape(r.error)}</span>"]
+    return _cells(values)
+
+
+def _message_html(snap: Snapshot) -> str:
+    return (f"<span style='color:{STATE_COLOURS['failed']}'>{html.escape(snap.message)}</span>"
+            if snap.message else "")
+
+
+def _header_html(snap: Snapshot, frozen: bool = False) -> str:
+    spec = snap.spec
+    elapsed = ""
+    if snap.started_at and snap.phase not in FINAL_PHASES and not frozen:
+        elapsed = f" &middot; {time.monotonic() - snap.started_at:.1f} s"
+    engines = ""
+    if snap.phase == "starting engines":
+        engines = f" &middot; engines {snap.engines_up}/{spec.world} up"
+    init = spec.init_method if "://" in spec.init_method else f"{spec.init_method}://"
+    return (
+        "<div style='font-family:var(--jp-ui-font-family,sans-serif)'>"
+        f"<b>pgnb</b> &middot; backend <code>{html.escape(spec.backend)}</code> &middot; "
+        f"world {spec.world} &middot; init <code>{html.escape(init)}</code>"
+        + (f" &middot; group <code>{html.escape(spec.group_name)}</code>" if spec.group_name else "")
+        + f" &middot; <span class='pgnb-count'>{snap.initialized}/{spec.world} initialized</span>"
+        f" &middot; <span class='pgnb-phase'>{html.escape(snap.phase)}</span>{engines}{elapsed}</div>"
+    )
