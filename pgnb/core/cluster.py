@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..errors import EngineStartError, SpecError
+from ..procs import ipcontroller_config
 from ..procs.reaper import OWNER_ENV, Reaper, cluster_files, kill_all, owned_by_token, sweep, write_state
 from ..rank import engine
 from ..spec import LOCAL_LAUNCHERS
@@ -269,7 +270,9 @@ class EnginePool:
         kwargs: dict[str, Any] = dict(
             engines=local_engine_set() if self.launcher == "local" else self.launcher,
             delay=0,
-            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN"],
+            # the config file drops one harmless ERROR line per engine (see pgnb/procs/ipcontroller_config.py)
+            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN",
+                             f"--config={ipcontroller_config.__file__}"],
             log_level=logging.WARNING,
             log=_ipp_log,
             shutdown_atexit=False,  # pgnb stops its cluster itself, all engines at once
