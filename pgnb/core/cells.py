@@ -30,6 +30,7 @@ from .._wire import CellReply, TraceArgs
 from ..rank import cell as rank_cell
 from ..spec import init_command
 from .busy import BusyEntry
+from .live import LiveCell, LiveSink
 from .results import CellInterrupted, CellResult, RankOutput, RankValue
 from .stacks import Stack, dump_stacks, is_local
 from .trace import Trace
@@ -53,13 +54,14 @@ def cell_name(label: int | None) -> str:
 
 
 def run_cell(world: World, code: str, ranks: list[int] | None = None, timeout: float | None = None,
-             label: int | None = None, recording: Recorder | None = None) -> CellResult:
+             label: int | None = None, recording: Recorder | None = None, live: LiveSink | None = None) -> CellResult:
     """Run ``code`` on the ranks at once; wait until all finish (or ``timeout``); gather in rank order.
 
     ``label`` is the notebook cell number tracebacks show (``Cell In[label]``).
     A ``KeyboardInterrupt`` while waiting interrupts the ranks and raises
     ``CellInterrupted`` carrying the result. ``recording``: the ranks'
-    torch.distributed calls are recorded into ``result.trace``.
+    torch.distributed calls are recorded into ``result.trace``. ``live``: what
+    the ranks print, and their states, as the cell runs (``pgnb.core.live``).
     """
     pairs = world.engines_for(ranks)
     client = world.client
@@ -68,14 +70,19 @@ def run_cell(world: World, code: str, ranks: list[int] | None = None, timeout: f
     deadline = None if timeout is None else time.monotonic() + timeout
     interrupted = False
     lost: dict[int, str] = {}
+    watch: LiveCell | None = None
     try:
         for r, e in pairs:  # an interrupt even while submitting reaches the ranks already started
             trace = None if recording is None else recording.engine_args(r)
             ars.append((r, client[e].apply_async(rank_cell.run_cell, code, label, stack_dir, trace=trace)))
-        lost = world.wait_ranks(ars, deadline)  # also stops soon after a rank's engine dies
+        watch = None if live is None else LiveCell(world, ars, live, code)
+        # also stops soon after a rank's engine dies
+        lost = world.wait_ranks(ars, deadline, tick=None if watch is None else watch.tick)
     except KeyboardInterrupt:
         interrupted = True
         _interrupt(world, [(r, ar) for r, ar in ars if not ar.ready()])
+    if watch is not None:
+        watch.flush(lost)
     running = [r for r, ar in ars if not ar.ready() and r not in lost]
     stacks = dump_stacks({r: world.rank_infos[r] for r in running}, stack_dir, code)
     for r, ar in ars:

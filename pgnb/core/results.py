@@ -13,6 +13,7 @@ from typing import Any
 
 from .._wire import CellState
 from ..errors import CellTimeout, RankError, RankLost
+from .terminal import settle
 from .text import lost_text, one_line, ranks_text
 from .trace import Trace
 
@@ -119,9 +120,9 @@ class CellResult:
                 state = "interrupted"
             out.append(("stdout", f"[rank {r.rank}]" + (f" {state}" if with_state else "") + "\n"))
             if r.stdout:
-                out.append(("stdout", _ended(r.stdout)))
+                out.append(("stdout", _ended(settle(r.stdout))))
             if r.stderr:
-                out.append(("stderr", _ended(r.stderr)))
+                out.append(("stderr", _ended(settle(r.stderr))))
             out.extend(("display", b) for b in r.outputs)
             if r.result is not None:
                 out.append(_value_piece(r))

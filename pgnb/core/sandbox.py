@@ -7,12 +7,13 @@ moves values in and out of the ranks' namespaces (``push``, ``pull``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import SpecError
 from ..rank import values
 from .cells import run_cell
+from .live import CallbackSink, LiveSink
 from .recording import Recording
 from .results import CellResult
 from .world import World
@@ -29,20 +30,27 @@ class Sandbox(World):
     """
 
     def execute(self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None,
-                label: int | None = None, trace: bool = False) -> CellResult:
+                label: int | None = None, trace: bool = False,
+                on_output: Callable[[int, str, Any], None] | None = None, live: LiveSink | None = None) -> CellResult:
         """Run a code string in each rank's namespace; a ``CellResult`` in rank order.
 
         A rank's error is in the result (``result.error()``), not raised; ranks still
         running at ``timeout`` are reported with their stacks. Ctrl-C interrupts the
         ranks and raises ``pgnb.CellInterrupted`` (a ``KeyboardInterrupt``).
         ``trace``: record every torch.distributed call into ``result.trace``.
+        ``on_output(rank, stream, data)`` is called as the output arrives (stream
+        ``"stdout"``/``"stderr"`` with text, ``"display"`` with a mime bundle), from
+        this thread, at most ten times a second in all; ``live`` is the general form
+        (a ``pgnb.core.live.LiveSink``, which also gets every rank's state).
         """
+        if on_output is not None:
+            live = CallbackSink(on_output)
         chosen = None if ranks is None else list(ranks)
         recording = None
         if trace:
             self.engines_for(chosen)  # refuse before measuring clocks on a busy or lost rank
             recording = Recording(self, chosen)
-        return run_cell(self, code, ranks=chosen, timeout=timeout, label=label, recording=recording)
+        return run_cell(self, code, ranks=chosen, timeout=timeout, label=label, recording=recording, live=live)
 
     def push(self, values_: dict[str, Any] | None = None, /, *, ranks: Iterable[int] | None = None,
              timeout: float | None = None, **named: Any) -> None:

@@ -51,6 +51,8 @@ STATUS_TIMEOUT = 5.0
 #: Once a rank is lost, how long the other ranks get to finish on their own before pgnb stops
 #: waiting: they may be blocked in a collective waiting for the lost rank.
 LOST_GRACE = 1.0
+#: Seconds between two looks at a cell's ranks while its output is shown live.
+TICK = 0.05
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class Snapshot:
     message: str = ""
     engines_up: int = 0
     started_at: float = field(default=0.0, compare=False)
+    #: which world of its ``World`` this is: a new one begins at every real (re-)init
+    generation: int = 0
 
     @property
     def initialized(self) -> int:
@@ -208,6 +212,12 @@ class World:
         return sorted(out)
 
     @property
+    def generation(self) -> int:
+        """Which world this is: 0 before the first init, one more at every init that is not a no-op
+        (a re-init, ``force``, an init after ``shutdown``). A view keeps to its own generation."""
+        return self._snapshot.generation
+
+    @property
     def is_initialized(self) -> bool:
         snap = self._snapshot
         return snap.phase == "initialized" and snap.initialized == len(snap.ranks)
@@ -317,7 +327,7 @@ class World:
         spec = self.spec
         started = time.monotonic()
         self._set_rows(self._fresh_rows("starting"), phase="starting engines", message="",
-                       engines_up=0, started_at=started, spec=spec)
+                       engines_up=0, started_at=started, spec=spec, generation=self._snapshot.generation + 1)
         try:
             self._ensure_engines(spec)
         except BaseException as e:
@@ -544,17 +554,22 @@ class World:
             stuck,
         )
 
-    def wait_ranks(self, ars: list[tuple[int, Any]], deadline: float | None = None) -> dict[int, str]:
+    def wait_ranks(self, ars: list[tuple[int, Any]], deadline: float | None = None,
+                   tick: Callable[[], None] | None = None) -> dict[int, str]:
         """Wait for ``(rank, AsyncResult)`` pairs; the lost ranks among them, ``rank -> cause``.
 
         Returns when every result is in, at ``deadline`` (``time.monotonic()``), or
         ``LOST_GRACE`` seconds after one of the ranks is lost: the others may be
         blocked in a collective waiting for it, which gloo gives up only at the
-        process group's timeout. Main thread only (it uses the Client).
+        process group's timeout. ``tick`` is called about every ``TICK`` seconds
+        while waiting (live output). Main thread only (it uses the Client).
         """
         ranks = [r for r, _ in ars]
         lost_since = None
+        step = 0.1 if tick is None else TICK
         while True:
+            if tick is not None:
+                tick()
             pending = [ar for _, ar in ars if not ar.ready()]
             now = time.monotonic()
             if not pending or (deadline is not None and now >= deadline):
@@ -563,7 +578,7 @@ class World:
                 lost_since = now
             if lost_since is not None and now - lost_since >= LOST_GRACE:
                 break
-            pending[0].wait(0.1 if deadline is None else max(0.0, min(0.1, deadline - now)))
+            pending[0].wait(step if deadline is None else max(0.0, min(step, deadline - now)))
         return self._lost_with_causes(ars)
 
     def _lost_with_causes(self, ars: list[tuple[int, Any]]) -> dict[int, str]:

@@ -7,7 +7,6 @@ line and fails the cell); nothing here prints-and-continues. The options of
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -21,20 +20,19 @@ from IPython.core.magic_arguments import (
 from IPython.display import display
 
 from ..core.failures import kill_rank
-from ..core.results import CellInterrupted
+from ..core.results import CellInterrupted, CellResult
 from ..core.sandbox import Sandbox
 from ..core.show import gather
 from ..core.timeline import timeline
 from ..errors import NOT_STARTED, PgnbError
 from ..spec import WorldSpec, option_fields, parse_ranks
 from .current import current, set_current
+from .live import LiveView, TerminalSink
 from .render import render_cell_result
 from .show import ShowView
-from .view import StatusView, WorldReport
+from .view import REPLACED, SUPERSEDED, StatusView, WorldReport
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-#: Older views stop following the world, so re-running cells does not pile up listeners.
-LIVE_VIEWS = 4
 
 
 # IPython's magic decorators, typed as what they do here: each returns the method it decorates.
@@ -72,19 +70,17 @@ class PgMagics(Magics):
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
-        self._views: deque[StatusView] = deque()
+        #: the newest status view: the only one that follows its world
+        self._view: StatusView | None = None
 
     def _show_view(self, sb: Sandbox, live: bool, spec: WorldSpec | None = None) -> StatusView:
-        view = StatusView(sb, live=live, spec=spec)
+        # The view before freezes at its world's last state, as one static HTML widget (~30 widgets
+        # fewer in the kernel), and says why. Its output is not rewritten: an update_display would
+        # change what a saved notebook holds but not what nbval replays.
+        if self._view is not None:
+            self._view.freeze(REPLACED if live else SUPERSEDED)  # live: a %pg_init about to make a new world
+        view = self._view = StatusView(sb, live=live, spec=spec)
         display(view)
-        self._views.append(view)
-        while len(self._views) > LIVE_VIEWS:
-            # Old views are closed: ipywidgets would otherwise keep ~30 widgets per view for the
-            # kernel's life. Their outputs are not rewritten (an update_display would change what
-            # a saved notebook holds but not what nbval replays); the report under each stays.
-            old = self._views.popleft()
-            old.detach()
-            old.close()
         return view
 
     @staticmethod
@@ -172,16 +168,30 @@ class PgMagics(Magics):
         missing = [n for n in push if n not in shell.user_ns]
         if missing:
             raise UsageError(f"--push {missing[0]}: no variable {missing[0]!r} in the notebook; define it first")
+        view: LiveView | None = None
+        sink: LiveView | TerminalSink | None = None
+        result: CellResult | None = None
         try:
             if push:
                 sb.push({n: shell.user_ns[n] for n in push}, ranks=ranks)
+            sb.engines_for(ranks)  # refuse a busy or lost rank before showing anything
+            if getattr(shell, "kernel", None) is not None:  # a notebook: a live view the frontend updates
+                view = sink = LiveView(list(range(sb.spec.world)) if ranks is None else ranks)
+                display(view)
+            elif _is_terminal(shell):
+                sink = TerminalSink()
             result = sb.execute(cell, ranks=ranks, timeout=timeout, label=shell.execution_count,
-                                trace=args.trace)
+                                trace=args.trace, live=sink)
         except CellInterrupted as e:
             result = e.result
         except PgnbError as e:
             raise UsageError(str(e)) from None
-        render_cell_result(result)
+        finally:
+            if view is not None:
+                view.finish(result)
+            if isinstance(sink, TerminalSink):
+                sink.close()
+        render_cell_result(result, streamed=isinstance(sink, TerminalSink))
         if result.trace is not None:
             shell.user_ns["_pg_trace"] = result.trace
             display(result.trace)
@@ -259,6 +269,11 @@ class PgMagics(Magics):
             return  # nothing to stop; shutting down twice is fine
         sb.shutdown()
         display(WorldReport(sb.snapshot()))
+
+
+def _is_terminal(shell: Any) -> bool:
+    """A terminal IPython (lines can appear as they come); not a kernel, nor a bare shell as in tests."""
+    return type(shell).__name__ == "TerminalInteractiveShell"
 
 
 def _parse(magic: Any, line: str) -> Any:

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from IPython.display import display
 
 from ..core.results import CellResult
 
 
-def render_cell_result(result: CellResult) -> None:
+def render_cell_result(result: CellResult, streamed: bool = False) -> None:
     """Show ``result.pieces()`` in order.
 
     Text goes to the cell's stdout/stderr (flushed at every switch, so the
-    order holds), rich outputs go through ``display``.
+    order holds), rich outputs go through ``display``. ``streamed``: the ranks'
+    own stdout and stderr were already shown as they came (a terminal), so
+    only the rest follows (values, displays, errors, where ranks are blocked).
     """
+    if streamed:
+        result = replace(result, ranks=[replace(r, stdout="", stderr="") for r in result.ranks])
     last = None
     for kind, piece in result.pieces():
         if last is not None and last != kind:

@@ -1,0 +1,69 @@
+"""Text as a terminal shows it: carriage returns redraw the line, a progress bar ends in one state.
+
+A rank's ``tqdm`` bar writes ``\r`` and a whole new line many times a second.
+``Lane`` keeps the lines a live view shows (bounded); ``settle`` gives the form
+the notebook keeps, the same bytes on every run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+#: Lines a lane keeps per rank (the notebook keeps everything, in the grouped output).
+LANE_LINES = 300
+#: tqdm's (and most bars') closing stats: "[00:02<00:00, 24.50it/s]", "[00:00<?, ?it/s]"
+_BAR_TIMING = re.compile(r"\s*\[[0-9:]+<[0-9:?]+(?:,[^\]]*)?\]\s*$")
+#: a percentage bar: "100%|##########|"
+_BAR = re.compile(r"\d+%\|")
+
+
+class Lane:
+    """One rank's text as a terminal would show it: ``\\r`` rewrites the line, at most ``limit`` lines kept."""
+
+    def __init__(self, limit: int = LANE_LINES) -> None:
+        self.lines: deque[str] = deque(maxlen=limit)
+        self.current = ""
+        self.dropped = 0
+
+    def feed(self, text: str) -> None:
+        parts = text.split("\n")
+        for i, part in enumerate(parts):
+            if "\r" in part:
+                # a bar redraws the whole line; what is left after the last \r (if anything) is the line now
+                tail = part.rsplit("\r", 1)[1]
+                self.current = tail if tail else self.current
+            else:
+                self.current += part
+            if i < len(parts) - 1:
+                if len(self.lines) == self.lines.maxlen:
+                    self.dropped += 1
+                self.lines.append(self.current)
+                self.current = ""
+
+    def text(self) -> str:
+        return "\n".join([*self.lines, self.current] if self.current else self.lines)
+
+
+def settle(text: str) -> str:
+    """A rank's stream as the notebook keeps it: the same bytes on every run.
+
+    Carriage returns are collapsed as a terminal shows them (each line keeps
+    what was drawn last; ipyparallel has often done so already), and on a
+    progress bar's line, trailing timing like ``[00:02<00:00, 24.5it/s]`` is
+    dropped: a bar keeps its final state (``100%|##########| 50/50``), not how
+    fast it got there.
+    """
+    if "\r" not in text and "%|" not in text:
+        return text
+    out = []
+    for line in text.split("\n"):
+        if "\r" in line:
+            segments = [s for s in line.split("\r") if s]
+            line = segments[-1] if segments else ""
+        if _BAR.search(line):
+            line = _BAR_TIMING.sub("", line)
+        out.append(line)
+    return "\n".join(out)
+
+

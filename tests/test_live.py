@@ -1,0 +1,201 @@
+"""Live ``%%pg``: each rank's output and state while the cell runs, and what the notebook keeps when it ends.
+
+The text handling is tested without engines; the stream through ``Sandbox.execute(on_output=...)`` on a real
+world; the live view in a real Jupyter kernel, timing the iopub messages as a frontend receives them; the
+terminal form in a real terminal IPython.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pgnb.core.live import RankProgress
+from pgnb.core.terminal import Lane, settle
+
+TICKS = "import time\nfor i in range({n}):\n    print('tick', i, flush=True)\n    time.sleep({every})\n"
+BAR = ("from tqdm import tqdm\nimport time\nfor _ in tqdm(range(20), desc=f'rank {rank}', mininterval=0):\n"
+       "    time.sleep(0.02)\n")
+
+
+# ---- text, as a terminal shows it --------------------------------------------------------------
+def _bar(steps: list[int], rate: str) -> str:
+    return "".join(f"\rrank 0: {p:3d}%|{'#' * (p // 10):10s}| {p // 5}/20 [00:0{p // 50}<00:01, {rate}it/s]"
+                   for p in steps) + "\n"
+
+
+def test_a_progress_bar_settles_to_its_final_state_whatever_its_timing():
+    a = settle("start\n" + _bar([0, 30, 60, 100], "24.1") + "done\n")
+    b = settle("start\n" + _bar([0, 10, 20, 50, 70, 90, 100], "31.7") + "done\n")
+    assert a == b == "start\nrank 0: 100%|##########| 20/20\ndone\n"
+    assert settle("plain text\nwith [00:01<00:02, 3it/s] kept\n") == "plain text\nwith [00:01<00:02, 3it/s] kept\n"
+
+
+def test_a_lane_redraws_a_line_on_carriage_return_and_keeps_a_bounded_tail():
+    lane = Lane(limit=3)
+    lane.feed("a\nb\n")
+    lane.feed("\r 10%")
+    lane.feed("\r 50%")
+    assert lane.text() == "a\nb\n 50%"
+    lane.feed("\r100%\nc\nd\n")
+    assert list(lane.lines) == ["100%", "c", "d"] and lane.dropped == 2
+
+
+def test_rank_states_read_as_the_view_shows_them():
+    assert RankProgress(0, "running", 14.2, waiting_in="all_reduce", waiting_seconds=12.0).text() == (
+        "running 14 s · waiting in all_reduce for 12 s")
+    assert RankProgress(1, "finished", 0.42).text() == "finished in 0.4 s"
+    assert RankProgress(2, "failed", 1.0, ename="ZeroDivisionError").text() == "failed (ZeroDivisionError)"
+    assert RankProgress(3, "lost", 1.0).text() == "lost"
+
+
+# ---- the stream, from Python -----------------------------------------------------------------
+@pytest.mark.integration
+def test_on_output_streams_each_rank_as_it_prints(world4):
+    got = []
+    t0 = time.monotonic()
+    res = world4.execute(TICKS.format(n=4, every=0.5), on_output=lambda r, s, d: got.append(
+        (time.monotonic() - t0, r, s, d)))
+    took = time.monotonic() - t0
+    assert res.error() is None and took > 1.9
+    first = {r: min(t for t, rr, s, d in got if rr == r and "tick 0" in d) for r in range(4)}
+    assert max(first.values()) < 1.0, first  # each rank's first line long before the cell ends
+    for r in range(4):  # everything arrived, in order within the rank
+        assert "".join(d for _, rr, s, d in got if rr == r and s == "stdout") == "".join(
+            f"tick {i}\n" for i in range(4))
+    assert res.text() == "".join(f"[rank {r}]\n" + "".join(f"tick {i}\n" for i in range(4)) for r in range(4))
+
+
+@pytest.mark.integration
+def test_a_tqdm_bar_on_every_rank_is_kept_in_one_deterministic_form(world4):
+    texts = {world4.execute(BAR).text() for _ in range(3)}
+    assert len(texts) == 1, texts
+    text = texts.pop()
+    for r in range(4):
+        assert f"rank {r}: 100%|" in text and "20/20" in text
+    assert "it/s" not in text and "\r" not in text
+
+
+@pytest.mark.integration
+def test_a_rank_blocked_in_a_collective_is_seen_waiting_without_trace_or_timeout(world4):
+    seen: list[tuple[float, list[str]]] = []
+
+    class Sink:
+        def update(self, events, ranks):
+            seen.append((time.monotonic() - t0, [p.text() for p in ranks]))
+
+    t0 = time.monotonic()
+    res = world4.execute("if rank == 0:\n    dist.all_reduce(torch.ones(1))\n", timeout=6, live=Sink())
+    assert res.error() is not None  # rank 0 is still waiting at the --timeout
+    first = next(t for t, states in seen if states[0].startswith("running") and "waiting in all_reduce" in states[0])
+    assert first < 5.0, seen[-1]
+    assert [s.startswith("finished") for s in seen[-1][1][1:]] == [True] * 3
+    world4.execute("dist.all_reduce(torch.ones(1))", ranks=[1, 2, 3])  # release rank 0
+
+
+# ---- the live view, in a real kernel -------------------------------------------------------------
+def _run_timed(kernel, code: str, timeout: float = 120):
+    """Execute ``code``; every iopub message for it with the seconds since the request, and the reply."""
+    t0 = time.monotonic()
+    msg_id = kernel.kc.execute(code)
+    msgs = []
+    while True:
+        msg = kernel.kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        msgs.append((time.monotonic() - t0, msg))
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kernel.kc.get_shell_msg(timeout=timeout)
+    return msgs, reply["content"]
+
+
+def _kept(msgs) -> list:
+    """What the notebook keeps of a cell (nbval's view): streams and display_data/execute_result bundles,
+    widget model ids left out."""
+    out = []
+    for _, m in msgs:
+        if m["msg_type"] == "stream":
+            out.append(("stream", m["content"]["name"], m["content"]["text"]))
+        elif m["msg_type"] in ("display_data", "execute_result"):
+            data = {k: v for k, v in m["content"]["data"].items() if k != "application/vnd.jupyter.widget-view+json"}
+            out.append((m["msg_type"], json.dumps(data, sort_keys=True)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    from kernel_util import Kernel
+
+    k = Kernel()
+    assert k.execute("%load_ext pgnb").status == "ok"
+    assert k.execute("%pg_init --backend gloo --world 4").status == "ok"
+    yield k
+    k.execute("%pg_shutdown")
+    k.shutdown()
+
+
+@pytest.mark.integration
+@pytest.mark.kernel
+def test_the_frontend_gets_each_ranks_first_tick_at_once_and_the_kept_output_is_the_same_every_run(kernel):
+    kept = set()
+    for run in range(5):
+        msgs, reply = _run_timed(kernel, "%%pg\n" + TICKS.format(n=10, every=0.5))
+        assert reply["status"] == "ok"
+        end = msgs[-1][0]
+        assert end > 4.5
+        live = [(t, json.dumps(m["content"])) for t, m in msgs if m["msg_type"].startswith("comm")]
+        for r in range(4):
+            first = min(t for t, text in live if f"data-rank='{r}'" in text and "tick 0" in text)
+            assert first < 1.0, (run, r, first)
+        kept.add(json.dumps(_kept(msgs)))
+    assert len(kept) == 1
+    outputs = json.loads(kept.pop())
+    assert outputs[0][0] == "display_data" and "live output of ranks 0-3" in outputs[0][1]
+    assert outputs[1] == ["stream", "stdout", "".join(
+        f"[rank {r}]\n" + "".join(f"tick {i}\n" for i in range(10)) for r in range(4))]
+
+
+@pytest.mark.integration
+@pytest.mark.kernel
+def test_the_live_view_shows_a_blocked_rank_waiting_and_collapses_when_the_cell_ends(kernel):
+    msgs, reply = _run_timed(kernel, "%%pg --timeout 7\nif rank == 0:\n    dist.all_reduce(torch.ones(1))\n")
+    assert reply["status"] == "error"
+    live = [(t, json.dumps(m["content"])) for t, m in msgs if m["msg_type"].startswith("comm")]
+    waiting = [t for t, text in live if "waiting in all_reduce" in text]
+    assert waiting and waiting[0] < 5.0
+    # the view collapsed to its summary line: lanes closed, one line that says how each rank ended
+    assert any("rank 0 still running" in text and "ranks 1-3 finished" in text for _, text in live)
+    released, reply = _run_timed(kernel, "%%pg --ranks 1-3\ndist.all_reduce(torch.ones(1))\n")
+    assert reply["status"] == "ok"
+
+
+# ---- a terminal ------------------------------------------------------------------------------------
+@pytest.mark.integration
+def test_a_terminal_shows_lines_as_they_come_prefixed_by_rank(tmp_path):
+    script = tmp_path / "live.ipy"
+    # a script runs as one cell, where %%pg cannot start a line: call the cell magic as IPython would
+    cell = TICKS.format(n=4, every=0.5) + "rank * 10\n"
+    script.write_text(f"%load_ext pgnb\n%pg_init --world 2\nget_ipython().run_cell_magic('pg', '', {cell!r})\n")
+    ipython = os.path.join(os.path.dirname(sys.executable), "ipython")
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}
+    proc = subprocess.Popen([ipython, "--no-banner", "--colors=NoColor", str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append((time.monotonic(), line.rstrip("\n")))
+    assert proc.wait(timeout=120) == 0, lines
+    text = [ln for _, ln in lines]
+    for r in range(2):
+        assert [ln for ln in text if ln.startswith(f"[rank {r}] tick")] == [f"[rank {r}] tick {i}" for i in range(4)]
+        assert f"Out[rank {r}]: {r * 10}" in text  # values still follow the stream
+    assert "tick 0" not in text  # the grouped text is not printed a second time
+    ticks = [t for t, ln in lines if "] tick 0" in ln]
+    last = [t for t, ln in lines if "] tick 3" in ln]
+    assert max(last) - min(ticks) > 1.0  # lines came as they were printed, not all at the end
