@@ -236,7 +236,7 @@ class StatusView(W.VBox):  # type: ignore[misc]  # ipywidgets has no type inform
                        for r in snap.ranks)
         message = _message_html(snap)
         buttons = "".join(
-            f"<button class='jupyter-button widget-button {cls}' disabled title='{tip}' style='margin-right:4px'>"
+            f"<button class='jupyter-button widget-button {cls}' disabled title='{tip}' style='{_BUTTON_STYLE}'>"
             f"<i class='fa fa-{icon}'></i> {label}</button>"
             for cls, icon, label in (("pgnb-refresh", "refresh", "Refresh"),
                                      ("pgnb-shutdown", "power-off", "Shut down")))
@@ -268,6 +268,10 @@ class StatusView(W.VBox):  # type: ignore[misc]  # ipywidgets has no type inform
 # ---- HTML pieces, shared by the live widgets and the static picture of a frozen view ----
 #: a static row is as tall as a widget row (ipywidgets' inline height)
 _ROW_STYLE = "min-height:var(--jp-widgets-inline-height,28px);line-height:var(--jp-widgets-inline-height,28px)"
+
+
+#: a disabled button as ipywidgets draws one (its CSS greys only widget buttons)
+_BUTTON_STYLE = "margin-right:4px;opacity:.5;cursor:not-allowed"
 
 
 def _cells(values: list[str], bold: bool = False) -> str:

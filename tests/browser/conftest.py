@@ -12,9 +12,14 @@ What they give a test:
   ``/usr/bin/chromium`` (never ``playwright install``). Every request that is
   not to loopback is aborted and reported; the test fails if there was one.
 * ``open_notebook``: writes a *copy* of a notebook into the server's temp
-  root, opens it, waits until its kernel is really ready, and returns a
-  ``LabNotebook`` whose ``run(i)`` runs cell ``i`` with Ctrl+Enter.
+  root, opens it (in JupyterLab, or with ``ui="notebook"`` in Notebook 7),
+  waits until its kernel is really ready, and returns a ``LabNotebook``
+  whose ``run(i)`` runs cell ``i`` with Ctrl+Enter and ``save()`` saves it.
 * ``pgnb_leftovers``: processes pgnb started for this run and left alive.
+* ``controller_errors(server)``: ``[IPController] ERROR`` lines in the server's
+  log and in the ipyparallel controller logs of the server's IPython dir
+  (where ipyparallel writes a controller's output; the server prints it too
+  when its ipyparallel extension sees a controller stop).
 
 Why each step is the way it is: /work/shared/reference/browser-widget-test/
 README.md ("Pitfalls found"), numbers quoted below.
@@ -74,7 +79,7 @@ EXTENSION = os.environ.get("PGNB_BROWSER_EXTENSION", "pgnb")
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 
-# JupyterLab user settings (pitfall 10; windowing off so every cell is in the DOM).
+# JupyterLab (and Notebook 7) user settings (pitfall 10; windowing off so every cell is in the DOM).
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
         "fetchNews": "false",
@@ -93,7 +98,15 @@ KERNEL_READY_JS = """() => {
   return !!ind && ind.dataset.status === 'idle' && bar;
 }"""
 
+# Notebook 7 has no status bar: ready = the toolbar's indicator says idle and the kernel's name is shown.
+NOTEBOOK7_READY_JS = """() => {
+  const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
+  const name = document.querySelector('.jp-KernelName, .jp-Toolbar-kernelName');
+  return !!ind && ind.dataset.status === 'idle' && !!name && /Python/.test(name.innerText);
+}"""
+
 DONE_PROMPT = re.compile(r"^\[\d+\]:$")
+CONTROLLER_ERROR = re.compile(r"\[IPController\] ERROR.*")
 ERROR_MIME_TYPES = ("application/vnd.jupyter.stderr",)
 
 
@@ -125,6 +138,16 @@ def _require_browser() -> None:
         _unavailable("playwright is not installed (pip install playwright; never `playwright install`)")
     if not (os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
         _unavailable(f"no browser at {CHROMIUM} (apt-get install -y --no-install-recommends chromium)")
+
+
+def notebook7_available() -> bool:
+    """Notebook 7 is installed where the server runs (it then serves /notebooks/ beside /lab)."""
+    probe = subprocess.run(
+        [JUPYTER_PYTHON, "-c", "import notebook, sys; sys.exit(int(notebook.__version__.split('.')[0]) < 7)"],
+        capture_output=True,
+        timeout=60,
+    )
+    return probe.returncode == 0
 
 
 def _free_port() -> int:
@@ -197,6 +220,7 @@ class LabServer:
     proc: subprocess.Popen[bytes]
     marker: str
     startup_s: float
+    log_path: Path | None = None
 
     def api(self, path: str, method: str = "GET", timeout: float = 10) -> Any:
         req = urllib.request.Request(
@@ -215,6 +239,28 @@ class LabServer:
     def delete_kernel(self, kernel_id: str) -> None:
         # Graceful: shutdown_request first, so the kernel's atexit hooks run.
         self.api(f"/api/kernels/{kernel_id}", method="DELETE", timeout=30)
+
+    def kernel_connected_idle(self, path: str) -> bool:
+        """The notebook's kernel is idle and a frontend holds a websocket to it."""
+        for session in self.api("/api/sessions"):
+            kernel = session.get("kernel") or {}
+            if session.get("path") == path and kernel.get("id"):
+                k = self.api(f"/api/kernels/{kernel['id']}")
+                return bool(k.get("execution_state") == "idle" and k.get("connections", 0) >= 1)
+        return False
+
+
+def controller_errors(server: LabServer) -> list[str]:
+    """``[IPController] ERROR`` lines the server printed or a controller logged (ipyparallel's log files)."""
+    found = []
+    logs = sorted((server.home / "ipython").glob("profile_*/log/*.log"))
+    for path in [p for p in [server.log_path] if p is not None] + logs:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:  # a controller's log is removed when the controller stops
+            continue
+        found += [f"{path.name}: {m.group(0)[:300]}" for m in CONTROLLER_ERROR.finditer(text)]
+    return found
 
 
 @pytest.fixture(scope="session")
@@ -270,11 +316,14 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory, artifacts: Path) -> Ite
         f"--LabApp.user_settings_dir={dirs['settings']}",
         f"--LabApp.workspaces_dir={dirs['workspaces']}",
     ]  # fmt: skip
+    if notebook7_available():  # Notebook 7 is another app of the same server: the same settings
+        cmd += [f"--JupyterNotebookApp.user_settings_dir={dirs['settings']}",
+                f"--JupyterNotebookApp.workspaces_dir={dirs['workspaces']}"]
     log_path = artifacts / "jupyter_server.log"
     log = open(log_path, "wb")  # noqa: SIM115 - closed in teardown
     # Own session: on a last-resort teardown we signal exactly our own group.
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = LabServer(f"http://127.0.0.1:{port}", token, dirs["root"], home, proc, marker, 0.0)
+    server = LabServer(f"http://127.0.0.1:{port}", token, dirs["root"], home, proc, marker, 0.0, log_path)
     t0 = time.monotonic()
     while True:
         if proc.poll() is not None:
@@ -457,6 +506,8 @@ class LabNotebook:
     path: str
     traffic: Traffic
     timings: dict[str, float] = field(default_factory=dict)
+    #: "lab" (JupyterLab) or "notebook" (Notebook 7)
+    ui: str = "lab"
 
     @property
     def cells(self) -> Any:
@@ -472,7 +523,31 @@ class LabNotebook:
         return self.cell(index).locator(".jp-InputArea-prompt")
 
     def wait_kernel_ready(self, timeout_ms: int = UI_TIMEOUT_MS) -> None:
-        self.page.wait_for_function(KERNEL_READY_JS, timeout=timeout_ms)
+        self.page.wait_for_function(KERNEL_READY_JS if self.ui == "lab" else NOTEBOOK7_READY_JS, timeout=timeout_ms)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while not self.server.kernel_connected_idle(self.path):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the kernel of {self.path} never became idle with a frontend connected")
+            self.page.wait_for_timeout(100)
+
+    def code_cells(self) -> list[int]:
+        """Indexes of the code cells (every cell is in the DOM: windowing is off)."""
+        kinds = self.cells.evaluate_all("cells => cells.map(c => c.classList.contains('jp-CodeCell'))")
+        return [i for i, code in enumerate(kinds) if code]
+
+    def save(self, timeout_ms: int = UI_TIMEOUT_MS) -> dict[str, Any]:
+        """Save with Ctrl+S and return the notebook as the server wrote it."""
+        path = self.server.root / self.path
+        before = path.stat().st_mtime_ns
+        self.cell(0).click()
+        self.page.keyboard.press("Control+s")
+        deadline = time.monotonic() + timeout_ms / 1000
+        while path.stat().st_mtime_ns == before:
+            if time.monotonic() > deadline:
+                pytest.fail(f"{self.path} was not saved")
+            self.page.wait_for_timeout(100)
+        self.page.wait_for_timeout(500)  # the write may still be going on
+        return dict(json.loads(path.read_text()))
 
     def run(self, index: int, *, wait: bool = True, timeout_ms: int = UI_TIMEOUT_MS) -> None:
         """Run cell ``index`` with Ctrl+Enter (runs in place; Shift+Enter adds a cell, pitfall 6).
@@ -559,14 +634,21 @@ def open_notebook(
     """
     opened: list[LabNotebook] = []
 
-    def open_(name: str, sources: list[str]) -> LabNotebook:
+    def open_(name: str, sources: list[str] | Path, ui: str = "lab") -> LabNotebook:
+        """``sources``: the cells of a new notebook, or a notebook file to copy."""
         if (lab_server.root / name).exists():
             raise ValueError(f"{name} already exists in this server's root; pick a fresh name")
-        (lab_server.root / name).write_text(json.dumps(make_notebook(sources), indent=1))
-        url = f"{lab_server.base}/lab/tree/{quote(name)}?token={lab_server.token}&reset"
+        if isinstance(sources, Path):
+            shutil.copyfile(sources, lab_server.root / name)
+        else:
+            (lab_server.root / name).write_text(json.dumps(make_notebook(sources), indent=1))
+        if ui == "lab":
+            url = f"{lab_server.base}/lab/tree/{quote(name)}?token={lab_server.token}&reset"
+        else:
+            url = f"{lab_server.base}/notebooks/{quote(name)}?token={lab_server.token}"
         t0 = time.monotonic()
         lab_page.goto(url)
-        nb = LabNotebook(lab_page, lab_server, name, traffic)
+        nb = LabNotebook(lab_page, lab_server, name, traffic, ui=ui)
         opened.append(nb)
         nb.timings["page_loaded"] = time.monotonic() - t0
         lab_page.wait_for_selector(".jp-Notebook .jp-Cell .jp-InputArea-editor .cm-content")

@@ -5,11 +5,16 @@ with ``.jupyter-widgets``), never the text/plain fallback, which carries the
 same words (reference pitfall 9). The DOM contract the view keeps, through
 ipywidgets' ``add_class``:
 
-    .pgnb-view                      the view's root
+    .pgnb-view                      the view's root (a widget)
       .pgnb-header                  backend and "world N"
       .pgnb-row.pgnb-rank-{r}       one row per rank
         .pgnb-state                 text: starting|pending|initialized|failed|destroyed|lost
       .pgnb-refresh, .pgnb-shutdown buttons
+      .pgnb-frozen                  only once frozen: "frozen: <why>"
+
+A live view's parts are widgets; a frozen one (replaced, shut down, or
+followed by a newer view) is one static HTML widget, ``.pgnb-static``, with
+the same classes inside and disabled ``<button>`` elements.
 
 Artifacts (ARTIFACTS_DIR, default a pytest tmp dir): status_widget_*.png,
 jupyter_server.log, timings.json. PGNB_UPDATE_SCREENSHOT=1 also writes
@@ -40,7 +45,7 @@ UI_TIMEOUT_MS = 60_000
 WORLD = 4
 NOT_INITIALIZED = re.compile(r"^(starting|pending|failed|destroyed|lost)$")
 VIEW = ".jupyter-widgets.pgnb-view"
-ROW = ".jupyter-widgets.pgnb-row"
+ROW = ".pgnb-row"  # inside VIEW (a widget): a widget while live, static HTML once frozen
 STATE = ".pgnb-state"
 INIT_LINE = f"%pg_init --backend gloo --world {WORLD} --delay-rank 3:2"
 
@@ -205,6 +210,10 @@ def test_status_view_live_in_jupyterlab(
     _run_clean(nb, REINIT, timeout_ms=120_000)
     view2 = _view(nb, REINIT)
     _expect_states(view2, "initialized", timeout_ms=10_000)
+    # the first view keeps its own world's last picture (destroyed), and says why it no longer follows
+    expect(view.locator(".pgnb-frozen")).to_have_text("frozen: replaced by a later %pg_init", timeout=10_000)
+    _expect_states(view, "destroyed", timeout_ms=5_000)
+    expect(view.locator("button.pgnb-refresh[disabled]")).to_have_count(1)
     mark("reinit_done")
     _run_clean(nb, BEHIND_BACK)
     nb.click_widget(view2.locator(".pgnb-refresh"))
@@ -216,6 +225,7 @@ def test_status_view_live_in_jupyterlab(
     _run_clean(nb, SHUTDOWN, timeout_ms=60_000)
     mark("pg_shutdown_done")
     _expect_states(view2, NOT_INITIALIZED, timeout_ms=5_000)
+    expect(view2.locator(".pgnb-frozen")).to_have_text("frozen: shut down", timeout=10_000)
     left = pgnb_leftovers(15.0)
     mark("no_leftovers")
     assert not left, f"processes marked PGNB_OWNER still alive after %pg_shutdown: {left}"
