@@ -43,9 +43,11 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 def plan(quick: bool) -> dict[str, Any]:
     if quick:
         return {"warmup": False, "rounds": 1, "rounds_w8_local": 0, "cell_repeats": 20, "reinit_cycles": 2,
-                "ar_rounds": 1, "sizes": [[1 << 20, 20, 3, 3], [1 << 24, 3, 1, 2]], "scale": 32}
+                "ar_rounds": 1, "sizes": [[1 << 20, 20, 3, 3], [1 << 24, 3, 1, 2]], "scale": 32,
+                "live": {"latency_lines": 40, "flood_rounds": 1, "cell_repeats": 10, "compute_seconds": 4.0}}
     return {"warmup": True, "rounds": 3, "rounds_w8_local": 2, "cell_repeats": 60, "reinit_cycles": 4,
-            "ar_rounds": 3, "sizes": [[1 << 20, 40, 5, 5], [1 << 24, 5, 2, 3]], "scale": 32}
+            "ar_rounds": 3, "sizes": [[1 << 20, 40, 5, 5], [1 << 24, 5, 2, 3]], "scale": 32,
+            "live": {"latency_lines": 60, "flood_rounds": 3, "cell_repeats": 30, "compute_seconds": 10.0}}
 
 
 def log(msg: str) -> None:
@@ -81,6 +83,8 @@ def collect(p: dict[str, Any]) -> dict[str, Any]:
            reinit_cycles=p["reinit_cycles"], rounds=p["ar_rounds"])
     log(f"scale: world {p['scale']}")
     sample("scale", "scale", world=p["scale"])
+    log("live %%pg in a Jupyter kernel: latency, a print flood vs %%px --stream, a trivial cell, a compute loop")
+    sample("live", "live", world=4, **p["live"])
     return raw
 
 
@@ -146,6 +150,21 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
         "initialises, all_reduce correct, clean shutdown", ok,
         note=f"all_reduce correct: {sc['allreduce_correct']}; shutdown {sc['stop']:.2f} s, "
              f"all exited {sc['all_exited']:.2f} s, left running {sc['left_running']}")
+    lv = raw["live"][0]
+    lat = lv["latency"]
+    row("live `%%pg`: a rank's print to the kernel sending it, 4 ranks, a line every 50 ms (median)",
+        lat["median"], None, "s", "≤ 100 ms", lat["median"] <= 0.1,
+        note=f"{lat['lines']} of {lat['expected']} lines seen live; in a Jupyter kernel")
+    row("… 95th percentile", lat["p95"], None, "s", "≤ 250 ms", lat["p95"] <= 0.25)
+    fl = lv["flood"]
+    row("20,000 lines on each of 4 ranks: `%%pg` (live) vs `%%px --stream`", fl["pg"], fl["px"], "s", "≤ 1.2×",
+        fl["pg"] / fl["px"] <= 1.2, note="same engines, same kernel, alternating")
+    ce = lv["cell"]
+    row("`%%pg` trivial cell in a kernel (live view included) vs `%%px`", ce["pg"], ce["px"], "s", "≤ 1.25×",
+        ce["pg"] / ce["px"] <= 1.25)
+    co = lv["compute"]
+    row("a rank's compute-only loop, watched by `%%pg` vs under `%%px`", co["pg"], co["px"], "s", "≤ 1.02×",
+        co["pg"] / co["px"] <= 1.02, note="median of the 4 ranks' own loop times; stacks sampled after 2 s")
     return rows
 
 

@@ -15,11 +15,14 @@ Cases (see ``CASES``):
 - ``session``: one pgnb world of 4 for the warm rows: ``%%pg`` vs ``%%px``,
   all_reduce in ``%%pg`` vs torchrun, memory per rank, re-init, shutdown.
 - ``scale``: world 32: init, an all_reduce checked on every rank, shutdown, nothing left.
+- ``live``: live ``%%pg`` in a real Jupyter kernel: print-to-send latency, a print flood vs
+  ``%%px --stream``, a trivial cell vs ``%%px``, a compute-only loop watched vs not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import json
 import os
@@ -417,11 +420,120 @@ def scale(world: int = 32) -> dict[str, Any]:
             "memory": memory, "phases": phases, **shutdown}
 
 
+# ---- live output, in a real Jupyter kernel ------------------------------------------------------------
+LATENCY_CELL = ("import time\nfor i in range({n}):\n    print(f'L {{i}} {{time.time():.6f}}', flush=True)\n"
+                "    time.sleep({every})\n")
+FLOOD_CELL = "for i in range({n}):\n    print(i)\n"
+COMPUTE_CELL = ("import time\nt0 = time.perf_counter()\ns = 0\nfor i in range({n}):\n    s += i\n"
+                "elapsed = time.perf_counter() - t0\n")
+
+
+class _Kernel:
+    """A Jupyter kernel on this interpreter, driven as a frontend drives it (jupyter_client)."""
+
+    def __init__(self) -> None:
+        from jupyter_client.manager import KernelManager
+
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel()
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    def run(self, code: str, timeout: float = 300) -> tuple[float, list[dict[str, Any]], dict[str, Any]]:
+        """Seconds from request to idle, every iopub message for it, and the reply."""
+        t0 = time.perf_counter()
+        msg_id = self.kc.execute(code)
+        msgs = []
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+            msgs.append(msg)
+        took = time.perf_counter() - t0
+        while True:
+            reply = self.kc.get_shell_msg(timeout=timeout)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        if reply["content"]["status"] != "ok":
+            raise RuntimeError(f"{code.splitlines()[0]}: {reply['content'].get('evalue')}")
+        return took, msgs, reply["content"]
+
+    def value(self, expr: str) -> Any:
+        _, msgs, _ = self.run(f"import json as _j\nprint(_j.dumps({expr}))")
+        return json.loads("".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream"))
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)
+
+
+def live(world: int = 4, latency_lines: int = 60, flood_lines: int = 20000, flood_rounds: int = 3,
+         cell_repeats: int = 30, compute_seconds: float = 10.0) -> dict[str, Any]:
+    """Live %%pg in a kernel: print-to-kernel-send latency, a print flood vs ``%%px --stream``,
+    a trivial cell vs ``%%px``, and what the live watch costs a compute-only loop."""
+    import re
+
+    k = _Kernel()
+    out: dict[str, Any] = {"world": world}
+    try:
+        k.run("%load_ext pgnb")
+        k.run(f"%pg_init --backend gloo --world {world}")
+        k.run("import pgnb\n_v = pgnb.current().client[pgnb.current().engine_ids]\n_v.block = True\n_v.activate()")
+        # -- latency: from a rank's print (its time.time()) to the kernel sending the message that carries it
+        _, msgs, _ = k.run("%%pg\n" + LATENCY_CELL.format(n=latency_lines, every=0.05))
+        seen: dict[tuple[str, str], float] = {}
+        pattern = re.compile(r"data-rank='(\d+)'.*?</pre>", re.S)
+        line = re.compile(r"L (\d+) (\d+\.\d+)")
+        for m in msgs:
+            if not m["msg_type"].startswith("comm"):
+                continue
+            date = m["header"]["date"]  # when the kernel sent it (a datetime, or ISO text)
+            sent = (date if isinstance(date, datetime.datetime) else datetime.datetime.fromisoformat(
+                str(date).replace("Z", "+00:00"))).timestamp()
+            for lane in pattern.finditer(json.dumps(m["content"]).replace("\\n", "\n")):
+                for i, stamp in line.findall(lane.group(0)):
+                    seen.setdefault((lane.group(1), i), sent - float(stamp))
+        lat = sorted(seen.values())
+        out["latency"] = {"median": statistics.median(lat), "p95": lat[int(0.95 * (len(lat) - 1))],
+                          "lines": len(lat), "expected": world * latency_lines}
+        # -- throughput: a flood of short lines on every rank, %%pg (live) vs %%px --stream, alternating
+        flood: dict[str, list[float]] = {"pg": [], "px": []}
+        for _ in range(flood_rounds):
+            flood["pg"].append(k.run("%%pg\n" + FLOOD_CELL.format(n=flood_lines))[0])
+            flood["px"].append(k.run("%%px --stream\n" + FLOOD_CELL.format(n=flood_lines))[0])
+        out["flood"] = {kk: statistics.median(v) for kk, v in flood.items()}
+        # -- a trivial cell, %%pg (live view and all) vs %%px, alternating
+        cells: dict[str, list[float]] = {"pg": [], "px": []}
+        for i in range(5 + cell_repeats):
+            for name in ("pg", "px"):
+                dt = k.run(f"%%{name}\nx = 1")[0]
+                if i >= 5:
+                    cells[name].append(dt)
+        out["cell"] = {kk: statistics.median(v) for kk, v in cells.items()}
+        # -- a compute-only loop of about compute_seconds: %%pg (watched, sampled after 2 s) vs %%px
+        k.run("%%px\n" + COMPUTE_CELL.format(n=2_000_000))
+        rate = 2_000_000 / max(k.value("_v['elapsed']"))
+        n = int(rate * compute_seconds)
+        k.run("%%pg\n" + COMPUTE_CELL.format(n=n))
+        watched = k.value("[e for e in pgnb.current().pull('elapsed')]")
+        k.run("%%px\n" + COMPUTE_CELL.format(n=n))
+        plain = k.value("list(_v['elapsed'])")
+        out["compute"] = {"pg": statistics.median(watched), "px": statistics.median(plain), "n": n}
+        k.run("%pg_shutdown")
+    finally:
+        k.close()
+    return out
+
+
 CASES: dict[str, Callable[..., dict[str, Any]]] = {
     "pgnb_cold": pgnb_cold,
     "plain_cold": plain_cold,
     "session": session,
     "scale": scale,
+    "live": live,
 }
 
 

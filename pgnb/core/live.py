@@ -114,7 +114,7 @@ class LiveCell:
         self.started = time.monotonic()
         self._seen = {r: _Seen() for r, _ in ars}
         self._ended: dict[int, float] = {}
-        self._last = 0.0
+        self._last = self.started  # the first look after 1/UPDATES_PER_SECOND: a quick cell sends nothing live
 
     def tick(self) -> None:
         now = time.monotonic()

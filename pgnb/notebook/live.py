@@ -1,6 +1,6 @@
 """The live area under a running ``%%pg`` cell, and its terminal form.
 
-``LiveView`` is an ipywidgets composite: a lane per rank with what the rank
+``LiveView`` is one ipywidgets HTML widget: a lane per rank with what the rank
 printed so far (``\\r`` redraws its line, so a progress bar is one updating
 line) and its state (running with elapsed time, waiting in a collective,
 finished, failed, lost). Updates are widget state changes, which nbval
@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import ipywidgets as W
+from ipywidgets.widgets.widget_string import HTMLStyle
 
 from ..core.live import OutputEvent, RankProgress
 from ..core.results import CellResult
@@ -40,91 +41,94 @@ def live_text(ranks: list[int]) -> str:
 
 
 class _RankLane:
+    """One rank's lane: its state line, its last lines of text, the displays it made."""
+
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.lane = Lane()
-        self.header = W.HTML().add_class("pgnb-lane-state")
-        self.text = W.HTML().add_class("pgnb-lane-text")
-        self.displays: W.Output | None = None
-        self.box = W.VBox([self.header, self.text]).add_class("pgnb-lane").add_class(f"pgnb-lane-{rank}")
-        self.box.layout = W.Layout(border="1px solid #ddd", margin="2px", min_width="16em")
-        self._drawn = ""
+        self.state = ""
+        self.displays: list[str] = []
 
     def feed(self, event: OutputEvent) -> None:
         if event.stream == "display":
-            if self.displays is None:
-                self.displays = W.Output().add_class("pgnb-lane-displays")
-                self.box.children = [*self.box.children, self.displays]
-            self.displays.outputs = (*self.displays.outputs,
-                                     {"output_type": "display_data", "data": event.data, "metadata": {}})
+            self.displays.append(_display_html(event.data))
         else:
             self.lane.feed(event.data)
 
-    def draw(self, progress: RankProgress | None) -> None:
+    def html(self, progress: RankProgress | None) -> str:
         if progress is not None:
             colour = STATE_COLOURS.get(progress.state, "#000")
-            head = (f"<b>rank {self.rank}</b> &middot; <span class='pgnb-lane-{progress.state}' "
-                    f"style='color:{colour}'>{html.escape(progress.text())}</span>")
-            if self.header.value != head:
-                self.header.value = head
+            self.state = (f"<span class='pgnb-lane-{progress.state}' style='color:{colour}'>"
+                          f"{html.escape(progress.text())}</span>")
         lines = list(self.lane.lines)[-SHOWN_LINES:] + ([self.lane.current] if self.lane.current else [])
         more = len(self.lane.lines) + self.lane.dropped - (len(lines) - (1 if self.lane.current else 0))
         body = (f"<span style='opacity:.6'>… {more} earlier lines</span>\n" if more > 0 else "") + html.escape(
             "\n".join(lines))
-        if body != self._drawn:
-            self._drawn = body
-            self.text.value = f"<pre data-rank='{self.rank}' style='{_PRE}'>{body}</pre>" if body else ""
-
-    def close(self) -> None:
-        for w in (self.header, self.text, self.displays, self.box):
-            if w is not None:
-                w.close()
+        text = f"<pre class='pgnb-lane-text' data-rank='{self.rank}' style='{_PRE}'>{body}</pre>" if body else ""
+        return (f"<div class='pgnb-lane pgnb-lane-{self.rank}' style='border:1px solid #ddd;margin:2px;"
+                f"min-width:16em'><div class='pgnb-lane-state'><b>rank {self.rank}</b> &middot; {self.state}</div>"
+                f"{text}{''.join(self.displays)}</div>")
 
 
-class LiveView(W.VBox):  # type: ignore[misc]  # ipywidgets is untyped
-    """Every rank of a running cell, as it runs."""
+_SHARED: dict[str, W.Widget] = {}
+
+
+def _shared(kind: str) -> W.Widget:
+    """The one Layout (or HTMLStyle) every live view uses, made on first use."""
+    widget = _SHARED.get(kind)
+    if widget is None or widget.comm is None:  # closed meanwhile (a kernel's widgets were reset)
+        widget = _SHARED[kind] = W.Layout() if kind == "layout" else HTMLStyle()
+    return widget
+
+
+def _display_html(bundle: dict[str, Any]) -> str:
+    """A rank's display as it shows in its lane: a picture, its HTML, or its text."""
+    if "image/png" in bundle:
+        return f"<img style='max-width:100%' src='data:image/png;base64,{bundle['image/png']}'>"
+    if "text/html" in bundle:
+        return f"<div>{bundle['text/html']}</div>"
+    return f"<pre style='{_PRE}'>{html.escape(str(bundle.get('text/plain', '')))}</pre>"
+
+
+class LiveView(W.HTML):  # type: ignore[misc]  # ipywidgets is untyped
+    """Every rank of a running cell, as it runs: one HTML widget (cheap to make for every cell)."""
 
     def __init__(self, ranks: list[int], label: str = "%%pg") -> None:
         self._ranks = list(ranks)
         self._label = label
         self._started = time.monotonic()
-        self._title = W.HTML(self._title_html("running", "")).add_class("pgnb-live-title")
         self._lanes = {r: _RankLane(r) for r in self._ranks}
-        grid = W.GridBox([lane.box for lane in self._lanes.values()]).add_class("pgnb-lanes")
-        grid.layout = W.Layout(grid_template_columns="repeat(auto-fill, minmax(22em, 1fr))")
-        self._grid = grid
-        super().__init__([self._title, grid])
+        # every live view shares one layout and one style: a cell opens one comm, not three
+        super().__init__(self._page("running", "", self._grid({})), layout=_shared("layout"), style=_shared("style"))
         self.add_class("pgnb-live")
 
-    def _title_html(self, phase: str, detail: str) -> str:
-        return (f"<span style='font-family:var(--jp-ui-font-family,sans-serif)'><b>pgnb</b> {html.escape(self._label)}"
-                f" &middot; {html.escape(ranks_text(self._ranks))} &middot; <span class='pgnb-live-phase'>"
-                f"{html.escape(phase)}</span>{html.escape(detail)}</span>")
+    def _page(self, phase: str, detail: str, body: str) -> str:
+        title = (f"<div class='pgnb-live-title' style='font-family:var(--jp-ui-font-family,sans-serif)'><b>pgnb</b> "
+                 f"{html.escape(self._label)} &middot; {html.escape(ranks_text(self._ranks))} &middot; "
+                 f"<span class='pgnb-live-phase'>{html.escape(phase)}</span>{html.escape(detail)}</div>")
+        return title + body
+
+    def _grid(self, progress: dict[int, RankProgress]) -> str:
+        lanes = "".join(lane.html(progress.get(r)) for r, lane in self._lanes.items())
+        return ("<div class='pgnb-lanes' style='display:grid;grid-template-columns:repeat(auto-fill,minmax(22em,1fr))'>"
+                f"{lanes}</div>")
 
     # ---- a LiveSink ------------------------------------------------------------
     def update(self, events: list[OutputEvent], ranks: list[RankProgress]) -> None:
-        by_rank = {p.rank: p for p in ranks}
-        with self.hold_sync():
-            for e in events:
-                if e.rank in self._lanes:
-                    self._lanes[e.rank].feed(e)
-            for r, lane in self._lanes.items():
-                lane.draw(by_rank.get(r))
-            running = sum(p.state == "running" for p in ranks)
-            self._title.value = self._title_html(
-                "running" if running else "done",
-                f" · {time.monotonic() - self._started:.1f} s" + (f" · {running} running" if running else ""))
+        for e in events:
+            if e.rank in self._lanes:
+                self._lanes[e.rank].feed(e)
+        running = sum(p.state == "running" for p in ranks)
+        if not running:
+            return  # the cell has ended: finish() draws the last picture, once
+        detail = f" · {time.monotonic() - self._started:.1f} s" + (f" · {running} running" if running else "")
+        self.value = self._page("running" if running else "done", detail, self._grid({p.rank: p for p in ranks}))
 
     def finish(self, result: CellResult | None) -> None:
         """Collapse to one line: how the cell ended on each rank (the grouped output below has the rest)."""
-        seconds = time.monotonic() - self._started
         summary = _summary(result) if result is not None else "stopped"
-        with self.hold_sync():
-            self.children = [self._title]
-            self._title.value = self._title_html(summary, f" · {seconds:.1f} s")
-        for lane in self._lanes.values():
-            lane.close()
-        self._grid.close()
+        self.value = self._page(summary, f" · {time.monotonic() - self._started:.1f} s", "")
+        self._lanes.clear()
 
     # ---- text forms ------------------------------------------------------------
     def __repr__(self) -> str:
