@@ -175,6 +175,22 @@ def test_the_live_view_shows_a_blocked_rank_waiting_and_collapses_when_the_cell_
     assert reply["status"] == "ok"
 
 
+@pytest.mark.integration
+@pytest.mark.kernel
+def test_a_rank_lost_while_streaming_is_shown_lost_and_what_arrived_is_kept(kernel):
+    msgs, reply = _run_timed(kernel, "%%pg\nimport os, time\nprint('before', rank, flush=True)\ntime.sleep(1.5)\n"
+                                     "if rank == 1:\n    os._exit(1)\nprint('after', rank)\n")
+    assert reply["status"] == "error"
+    live = [json.dumps(m["content"]) for _, m in msgs if m["msg_type"].startswith("comm")]
+    assert any("data-rank='1'" in text and "before 1" in text for text in live)  # streamed before it died
+    assert any("rank 1 lost" in text for text in live)  # the collapsed summary
+    kept = "".join(m["content"]["text"] for _, m in msgs
+                   if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+    assert "[rank 1]\nbefore 1\n" in kept and "before 0\nafter 0\n" in kept
+    assert "rank 1 lost" in reply["evalue"]
+    assert _run_timed(kernel, "%pg_init --backend gloo --world 4 --force")[1]["status"] == "ok"
+
+
 # ---- a terminal ------------------------------------------------------------------------------------
 @pytest.mark.integration
 def test_a_terminal_shows_lines_as_they_come_prefixed_by_rank(tmp_path):
