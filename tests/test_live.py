@@ -19,7 +19,7 @@ from pgnb.core.live import RankProgress
 from pgnb.core.terminal import Lane, settle
 
 TICKS = "import time\nfor i in range({n}):\n    print('tick', i, flush=True)\n    time.sleep({every})\n"
-BAR = ("from tqdm import tqdm\nimport time\nfor _ in tqdm(range(20), desc=f'rank {rank}', mininterval=0):\n"
+BAR = ("from tqdm.auto import tqdm\nimport time\nfor _ in tqdm(range(20), desc=f'rank {rank}', mininterval=0):\n"
        "    time.sleep(0.02)\n")
 
 

@@ -79,7 +79,28 @@ def warm_up() -> str:
     import torch
     import torch.distributed  # noqa: F401
 
+    text_progress_bars()
     return str(torch.__version__)
+
+
+def text_progress_bars() -> None:
+    """Make ``from tqdm.auto import tqdm`` give the text bar on this rank.
+
+    tqdm.auto picks its widget bar inside an IPython kernel, and an engine looks like
+    one (ipyparallel has imported tqdm.auto already): the widget would be made here,
+    where no frontend shows it, and the cell's output would keep only its first frame.
+    A text bar reaches the notebook's live view (one updating line per rank) and its
+    final state reaches the grouped output. Plain ``from tqdm import tqdm`` is the text bar anyway.
+    """
+    try:
+        import tqdm.asyncio
+        import tqdm.auto
+        import tqdm.autonotebook
+        import tqdm.std
+    except ImportError:  # tqdm is optional for the user's code
+        return
+    tqdm.autonotebook.tqdm, tqdm.autonotebook.trange = tqdm.std.tqdm, tqdm.std.trange
+    tqdm.auto.tqdm, tqdm.auto.trange = tqdm.asyncio.tqdm, tqdm.asyncio.trange
 
 
 def listen_for_store(addr: str, port: int) -> int:
