@@ -185,7 +185,7 @@ def run_nbval(paths: list[Path], workdir: Path) -> tuple[subprocess.CompletedPro
 
 
 LESSONS = ("01_init_process_group", "02_collectives", "03_point_to_point", "04_groups", "05_ddp", "06_failures",
-           "07_seeing_collectives")
+           "07_seeing_collectives", "08_watching_training")
 
 
 def test_the_course_is_complete():
