@@ -279,3 +279,11 @@ def test_trim_stack_keeps_the_cell_and_what_it_called():
                      "  torch/distributed/distributed_c10d.py, in all_reduce"]
     assert where == "all_reduce (distributed_c10d.py)"
     assert trim_stack("Thread 0x1 (most recent call first):\n  File \"/a.py\", line 1 in f\n") == ([], "")
+    # a rank whose cell has raised, while IPython formats the error, is not in the cell's code
+    ending = (
+        "Current thread 0x00007f0000000002 (most recent call first):\n"
+        '  File "/v/lib/python3.11/site-packages/asttokens/line_numbers.py", line 42 in from_utf8_col\n'
+        '  File "/v/lib/python3.11/site-packages/IPython/core/interactiveshell.py", line 2200 in showtraceback\n'
+        '  File "/v/lib/python3.11/site-packages/IPython/core/interactiveshell.py", line 3823 in run_code\n'
+    )
+    assert trim_stack(ending) == ([], "")

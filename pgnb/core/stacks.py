@@ -123,9 +123,11 @@ def trim_stack(dump: str, code: str = "") -> tuple[list[str], str]:
                     if fn == "run_code" and f.endswith(os.path.join("IPython", "core", "interactiveshell.py"))), None)
         if not cut:
             continue
+        cell_file = frames[cut - 1][0]
+        if not _CELL_FILE.search(cell_file):
+            continue  # past the cell's code: IPython is ending the cell (e.g. formatting its error)
         # innermost first
         mine = [f for f in frames[:cut] if not f[0].endswith(_TRACER_FILE)][:STACK_FRAMES]
-        cell_file = frames[cut - 1][0]
         lines = []
         for f, ln, fn in reversed(mine):
             lines.append(_frame_text(f, ln, fn, cell_file))
