@@ -240,6 +240,16 @@ class LabServer:
         # Graceful: shutdown_request first, so the kernel's atexit hooks run.
         self.api(f"/api/kernels/{kernel_id}", method="DELETE", timeout=30)
 
+    def put_setting(self, plugin: str, values: dict[str, Any]) -> None:
+        """Change a JupyterLab user setting (the page picks it up when it loads next)."""
+        body = json.dumps({"raw": json.dumps(values)}).encode()
+        req = urllib.request.Request(
+            f"{self.base}/lab/api/settings/{quote(plugin)}", data=body, method="PUT",
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10):
+            pass
+
     def kernel_connected_idle(self, path: str) -> bool:
         """The notebook's kernel is idle and a frontend holds a websocket to it."""
         for session in self.api("/api/sessions"):
@@ -651,7 +661,8 @@ def open_notebook(
         nb = LabNotebook(lab_page, lab_server, name, traffic, ui=ui)
         opened.append(nb)
         nb.timings["page_loaded"] = time.monotonic() - t0
-        lab_page.wait_for_selector(".jp-Notebook .jp-Cell .jp-InputArea-editor .cm-content")
+        # a code cell's editor (a rendered markdown cell's editor is hidden)
+        lab_page.wait_for_selector(".jp-Notebook .jp-CodeCell .jp-InputArea-editor .cm-content")
         nb.timings["editor_up"] = time.monotonic() - t0
         nb.wait_kernel_ready()
         nb.timings["kernel_ready"] = time.monotonic() - t0
