@@ -128,7 +128,8 @@ class CellResult:
                 out.append(_value_piece(r))
             echo = peer_lost and r.state == "failed" and not (self.interrupted and r.ename == "KeyboardInterrupt")
             # a survivor's error echoes the lost peer; gloo words it by timing (closed, reset, read error)
-            last = f"{r.ename}: its connection to the lost peer broke (gloo's wording varies with timing)"
+            last = (f"{r.ename} (message replaced by pgnb, as gloo's varies with timing): "
+                    "the connection to the lost peer broke")
             if r.traceback:
                 out.append(("stderr", _lines([*r.traceback[:-1], last] if echo else r.traceback)))
             elif r.state == "failed" and r.ename:
@@ -166,9 +167,13 @@ class CellResult:
             parts.append(f"{_ranks(errors)} failed ({', '.join(sorted({r.ename for r in errors}))}) "
                          "because a peer was lost")
         elif errors:
-            if len({(r.ename, r.evalue) for r in errors}) == 1:
+            quit_ = [r for r in errors if r.ename == "BdbQuit"]  # q at a breakpoint: the user's choice, not a bug
+            if quit_:
+                parts.append(f"{_ranks(quit_)} quit in the debugger")
+                errors = [r for r in errors if r.ename != "BdbQuit"]
+            if errors and len({(r.ename, r.evalue) for r in errors}) == 1:
                 parts.append(f"{_ranks(errors)} raised {_one_line(errors[0])}")
-            else:
+            elif errors:
                 parts.append("; ".join(f"rank {r.rank} raised {_one_line(r)}" for r in errors))
         if lost:
             # the cause is the watcher's, e.g. "engine killed by SIGSEGV (segmentation fault)"
