@@ -138,6 +138,14 @@ class TraceRecord(TypedDict, total=False):
     err: str  # what it raised
 
 
+class DebugArgs(TypedDict, total=False):
+    """``run_cell(debug=...)`` / ``post_mortem``: where a rank's pdb reaches the kernel, or why it cannot."""
+
+    path: str | None  # the kernel's Unix socket for this cell (None: nothing can answer)
+    why: str  # when path is None: why a breakpoint is skipped, one line
+    post_mortem: bool  # %%pg --pdb: a rank that raises opens pdb where it raised
+
+
 class _ValueSummaryBase(TypedDict):
     kind: Literal["tensor", "scalar", "text", "missing"]
 

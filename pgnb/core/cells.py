@@ -26,10 +26,11 @@ import signal
 import time
 from typing import Any, Protocol
 
-from .._wire import CellReply, TraceArgs
+from .._wire import CellReply, DebugArgs, TraceArgs
 from ..rank import cell as rank_cell
 from ..spec import init_command
 from .busy import BusyEntry
+from .debug import DebugServer, Prompter
 from .live import LiveCell, LiveSink
 from .results import CellInterrupted, CellResult, RankOutput, RankValue
 from .stacks import Stack, dump_stacks, is_local
@@ -38,6 +39,8 @@ from .world import World
 
 #: Seconds interrupted ranks get to stop before pgnb calls them stuck.
 INTERRUPT_GRACE = 2.0
+#: What a skipped breakpoint says when nothing was given to answer it.
+NO_INPUT = "no input is possible here (pass on_input= to Sandbox.execute)"
 
 
 class Recorder(Protocol):
@@ -54,7 +57,8 @@ def cell_name(label: int | None) -> str:
 
 
 def run_cell(world: World, code: str, ranks: list[int] | None = None, timeout: float | None = None,
-             label: int | None = None, recording: Recorder | None = None, live: LiveSink | None = None) -> CellResult:
+             label: int | None = None, recording: Recorder | None = None, live: LiveSink | None = None,
+             prompter: Prompter | None = None, no_input: str = NO_INPUT, post_mortem: bool = False) -> CellResult:
     """Run ``code`` on the ranks at once; wait until all finish (or ``timeout``); gather in rank order.
 
     ``label`` is the notebook cell number tracebacks show (``Cell In[label]``).
@@ -62,6 +66,10 @@ def run_cell(world: World, code: str, ranks: list[int] | None = None, timeout: f
     ``CellInterrupted`` carrying the result. ``recording``: the ranks'
     torch.distributed calls are recorded into ``result.trace``. ``live``: what
     the ranks print, and their states, as the cell runs (``pgnb.core.live``).
+    ``prompter`` answers a rank's ``breakpoint()`` (``pgnb.core.debug``); without
+    one a breakpoint is skipped with one line saying ``no_input``.
+    ``post_mortem`` (``%%pg --pdb``): a rank that raises opens pdb where it raised.
+    Time spent at a debugger prompt does not count against ``timeout``.
     """
     pairs = world.engines_for(ranks)
     client = world.client
@@ -71,16 +79,32 @@ def run_cell(world: World, code: str, ranks: list[int] | None = None, timeout: f
     interrupted = False
     lost: dict[int, str] = {}
     watch: LiveCell | None = None
+    server = None if prompter is None else DebugServer(stack_dir, prompter, post_mortem)
+    debug: DebugArgs = server.args() if server is not None else {"path": None, "why": no_input}
+
+    def tick() -> None:
+        if server is not None:
+            server.poll()
+        if watch is not None:
+            watch.tick()
+
+    def until() -> float | None:  # time at a debugger prompt is not the cell's
+        return None if deadline is None else deadline + (server.waited if server is not None else 0.0)
+
     try:
         for r, e in pairs:  # an interrupt even while submitting reaches the ranks already started
             trace = None if recording is None else recording.engine_args(r)
-            ars.append((r, client[e].apply_async(rank_cell.run_cell, code, label, stack_dir, trace=trace)))
+            ars.append((r, client[e].apply_async(rank_cell.run_cell, code, label, stack_dir, trace=trace,
+                                                 debug=debug)))
         watch = None if live is None else LiveCell(world, ars, live, code)
         # also stops soon after a rank's engine dies
-        lost = world.wait_ranks(ars, deadline, tick=None if watch is None else watch.tick)
+        lost = world.wait_ranks(ars, until, tick=tick if (watch or server) else None)
     except KeyboardInterrupt:
         interrupted = True
         _interrupt(world, [(r, ar) for r, ar in ars if not ar.ready()])
+    finally:
+        if server is not None:
+            server.close()
     if watch is not None:
         watch.flush(lost)
     running = [r for r, ar in ars if not ar.ready() and r not in lost]

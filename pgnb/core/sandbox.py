@@ -12,7 +12,8 @@ from typing import Any
 
 from ..errors import SpecError
 from ..rank import values
-from .cells import run_cell
+from .cells import NO_INPUT, run_cell
+from .debug import CallbackPrompter, Prompter, post_mortem
 from .live import CallbackSink, LiveSink
 from .recording import Recording
 from .results import CellResult
@@ -31,7 +32,9 @@ class Sandbox(World):
 
     def execute(self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None,
                 label: int | None = None, trace: bool = False,
-                on_output: Callable[[int, str, Any], None] | None = None, live: LiveSink | None = None) -> CellResult:
+                on_output: Callable[[int, str, Any], None] | None = None, live: LiveSink | None = None,
+                on_input: Callable[[int, str], str | None] | None = None, prompter: Prompter | None = None,
+                pdb: bool = False, no_input: str | None = None) -> CellResult:
         """Run a code string in each rank's namespace; a ``CellResult`` in rank order.
 
         A rank's error is in the result (``result.error()``), not raised; ranks still
@@ -42,15 +45,36 @@ class Sandbox(World):
         ``"stdout"``/``"stderr"`` with text, ``"display"`` with a mime bundle), from
         this thread, at most ten times a second in all; ``live`` is the general form
         (a ``pgnb.core.live.LiveSink``, which also gets every rank's state).
+        ``on_input(rank, text)`` answers a rank's ``breakpoint()``: ``text`` is what pdb
+        printed, ending in its prompt ``(Pdb rank N)``; return the line to type (None
+        quits the debugger). Without it a breakpoint is skipped with one line.
+        ``pdb``: a rank that raises opens pdb where it raised (needs ``on_input``).
+        ``no_input``: what a skipped breakpoint says, when nothing answers.
         """
         if on_output is not None:
             live = CallbackSink(on_output)
+        if on_input is not None:
+            prompter = CallbackPrompter(on_input)
         chosen = None if ranks is None else list(ranks)
         recording = None
         if trace:
             self.engines_for(chosen)  # refuse before measuring clocks on a busy or lost rank
             recording = Recording(self, chosen)
-        return run_cell(self, code, ranks=chosen, timeout=timeout, label=label, recording=recording, live=live)
+        return run_cell(self, code, ranks=chosen, timeout=timeout, label=label, recording=recording, live=live,
+                        prompter=prompter, post_mortem=pdb, no_input=no_input or NO_INPUT)
+
+    def debug(self, rank: int, on_input: Callable[[int, str], str | None] | None = None,
+              prompter: Prompter | None = None) -> str:
+        """pdb on ``rank`` in the frame where its last failed cell raised (post-mortem).
+
+        The frames are kept on the rank until its next cell. Returns ``""`` when a
+        debugger ran, else one line saying why not (no failed cell to look at).
+        """
+        if on_input is not None:
+            prompter = CallbackPrompter(on_input)
+        if prompter is None:
+            raise SpecError("Sandbox.debug needs on_input= (or a prompter) to answer pdb's prompts")
+        return post_mortem(self, rank, prompter)
 
     def push(self, values_: dict[str, Any] | None = None, /, *, ranks: Iterable[int] | None = None,
              timeout: float | None = None, **named: Any) -> None:

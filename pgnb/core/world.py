@@ -554,7 +554,7 @@ class World:
             stuck,
         )
 
-    def wait_ranks(self, ars: list[tuple[int, Any]], deadline: float | None = None,
+    def wait_ranks(self, ars: list[tuple[int, Any]], deadline: float | Callable[[], float | None] | None = None,
                    tick: Callable[[], None] | None = None) -> dict[int, str]:
         """Wait for ``(rank, AsyncResult)`` pairs; the lost ranks among them, ``rank -> cause``.
 
@@ -562,8 +562,11 @@ class World:
         ``LOST_GRACE`` seconds after one of the ranks is lost: the others may be
         blocked in a collective waiting for it, which gloo gives up only at the
         process group's timeout. ``tick`` is called about every ``TICK`` seconds
-        while waiting (live output). Main thread only (it uses the Client).
+        while waiting (live output, a rank's debugger); ``deadline`` may be a
+        function, asked each time (time at a debugger prompt moves it). Main
+        thread only (it uses the Client).
         """
+        deadline_at = deadline if callable(deadline) else (lambda: deadline)
         ranks = [r for r, _ in ars]
         lost_since = None
         step = 0.1 if tick is None else TICK
@@ -572,13 +575,14 @@ class World:
                 tick()
             pending = [ar for _, ar in ars if not ar.ready()]
             now = time.monotonic()
-            if not pending or (deadline is not None and now >= deadline):
+            until = deadline_at()
+            if not pending or (until is not None and now >= until):
                 break
             if lost_since is None and (self.lost_ranks(ranks) or any(_died(ar) for _, ar in ars)):
                 lost_since = now
             if lost_since is not None and now - lost_since >= LOST_GRACE:
                 break
-            pending[0].wait(step if deadline is None else max(0.0, min(step, deadline - now)))
+            pending[0].wait(step if until is None else max(0.0, min(step, until - now)))
         return self._lost_with_causes(ars)
 
     def _lost_with_causes(self, ars: list[tuple[int, Any]]) -> dict[int, str]:

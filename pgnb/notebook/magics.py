@@ -7,6 +7,7 @@ line and fails the cell); nothing here prints-and-continues. The options of
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -72,6 +73,8 @@ class PgMagics(Magics):
         super().__init__(shell)
         #: the newest status view: the only one that follows its world
         self._view: StatusView | None = None
+        #: the ranks that failed in the last %%pg cell (%pg_debug's default)
+        self._failed: list[int] = []
 
     def _show_view(self, sb: Sandbox, live: bool, spec: WorldSpec | None = None) -> StatusView:
         # The view before freezes at its world's last state, as one static HTML widget (~30 widgets
@@ -131,6 +134,8 @@ class PgMagics(Magics):
     @argument("--trace", action="store_true",
               help="record every torch.distributed call on every rank: show the calls, who waited for whom, "
                    "mismatches, and a timeline (also after --timeout); the trace is kept in _pg_trace")
+    @argument("--pdb", action="store_true",
+              help="a rank that raises opens pdb where it raised, in the notebook (like %%pdb on)")
     def pg(self, line: str, cell: str) -> None:
         """Run the cell on every rank (or --ranks) at once; output grouped by rank, in rank order.
 
@@ -180,8 +185,10 @@ class PgMagics(Magics):
                 display(view)
             elif _is_terminal(shell):
                 sink = TerminalSink()
+            prompter, no_input = _prompter(shell)
             result = sb.execute(cell, ranks=ranks, timeout=timeout, label=shell.execution_count,
-                                trace=args.trace, live=sink)
+                                trace=args.trace, live=sink, prompter=prompter, pdb=args.pdb,
+                                no_input=no_input or None)
         except CellInterrupted as e:
             result = e.result
         except PgnbError as e:
@@ -196,6 +203,7 @@ class PgMagics(Magics):
             shell.user_ns["_pg_trace"] = result.trace
             display(result.trace)
             display(timeline(result.trace))
+        self._failed = [r.rank for r in result.ranks if r.state == "failed"]
         values = result.values
         shell.user_ns["_pg"] = values
         if out_name:
@@ -220,6 +228,34 @@ class PgMagics(Magics):
         except (ValueError, PgnbError) as e:  # bad --ranks, a name that is no name, a busy or lost rank
             raise UsageError(str(e)) from None
         display(ShowView(values))
+
+    @line_magic
+    @magic_arguments()
+    @argument("rank", nargs="?", default=None,
+              help="the rank to debug (default: the first rank that failed in the last %%pg cell)")
+    def pg_debug(self, line: str) -> None:
+        """pdb on a rank, in the frame where its last failed %%pg cell raised (like %debug).
+
+        The frames are kept on the rank until its next cell; p, pp, l, w, u, d, interact work as in pdb."""
+        args = _parse(self.pg_debug, line)
+        sb = self._world()
+        if args.rank is None:
+            if not self._failed:
+                raise UsageError("no rank failed in the last %%pg cell; name one: %pg_debug RANK")
+            rank = self._failed[0]
+        elif args.rank.isascii() and args.rank.isdigit() and int(args.rank) < sb.spec.world:
+            rank = int(args.rank)
+        else:
+            raise UsageError(f"%pg_debug takes one rank of 0-{sb.spec.world - 1}, not {args.rank!r}")
+        prompter, no_input = _prompter(self.shell)
+        if prompter is None:
+            raise UsageError(f"%pg_debug needs input from the notebook: {no_input}")
+        try:
+            note = sb.debug(rank, prompter=prompter)
+        except PgnbError as e:
+            raise UsageError(str(e)) from None
+        if note:
+            raise UsageError(note)
 
     @line_magic
     @magic_arguments()
@@ -269,6 +305,30 @@ class PgMagics(Magics):
             return  # nothing to stop; shutting down twice is fine
         sb.shutdown()
         display(WorldReport(sb.snapshot()))
+
+
+class _Prompter:
+    """A rank's pdb, answered through this shell's own input(): a notebook's stdin request, a terminal's prompt."""
+
+    def show(self, rank: int, text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def ask(self, rank: int, text: str, prompt: str) -> str | None:
+        self.show(rank, text)
+        return input(prompt)
+
+
+def _prompter(shell: Any) -> tuple[_Prompter | None, str]:
+    """Who answers a breakpoint on a rank here, or why nothing can (said in the one line a skipped one prints)."""
+    kernel = getattr(shell, "kernel", None)
+    if kernel is not None:
+        if getattr(kernel, "_allow_stdin", False):
+            return _Prompter(), ""
+        return None, "this frontend takes no input (nbval, jupyter execute, allow_stdin=False)"
+    if _is_terminal(shell):
+        return _Prompter(), ""
+    return None, "this IPython shell takes no input"
 
 
 def _is_terminal(shell: Any) -> bool:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Any
 
-from .._wire import CellError, CellReply, PackedValue, TraceArgs, stack_file
+from .._wire import CellError, CellReply, DebugArgs, PackedValue, TraceArgs, stack_file
+from . import debug as rank_debug
 from .values import to_cpu
 
 #: Last-expression values bigger than this stay on the rank (``_pg`` gets a stand-in).
@@ -47,7 +49,7 @@ def enable_stack_dumps(stack_dir: str | None) -> str | None:
 
 
 def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
-             trace: TraceArgs | None = None) -> CellReply:
+             trace: TraceArgs | None = None, debug: DebugArgs | None = None) -> CellReply:
     """Run a notebook cell in this rank's IPython namespace, as ``%%pg`` does.
 
     Runs through ``shell.run_cell`` (so magics, ``display()`` and the
@@ -57,6 +59,8 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     notebook's cell number, so tracebacks say ``Cell In[label]`` on every run.
     ``trace`` (``%%pg --trace``): the arguments of ``tracer.start``; the
     torch.distributed calls are recorded while the cell runs, and only then.
+    ``debug``: where ``breakpoint()`` reaches the kernel (``pgnb.rank.debug``);
+    the frames of a cell that raises are kept for ``%pg_debug`` until the next cell.
     """
     enable_stack_dumps(stack_dir)
     from IPython import get_ipython
@@ -67,6 +71,11 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     def grab(etype: Any, evalue: Any, stb: list[str]) -> None:
         error.update({"ename": getattr(etype, "__name__", str(etype)), "evalue": clean_message(str(evalue)),
                       "traceback": plain_traceback(evalue, shell)})
+        if isinstance(evalue, BaseException):
+            rank_debug.keep_failure(evalue)
+
+    rank = int(shell.user_ns.get("rank", -1))
+    hooks = rank_debug.install(debug, rank)
 
     if trace is not None:
         from . import tracer
@@ -87,6 +96,11 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
         else:
             shell._showtraceback = shadowed
         shell.execution_count = saved_count
+        rank_debug.uninstall(hooks)
+    if not res.success and debug is not None and debug.get("post_mortem"):
+        note = rank_debug.post_mortem(debug, rank)  # %%pg --pdb: the user looks around before the reply goes
+        if note:
+            print(note, file=sys.stderr)
     out: CellReply = {"ok": bool(res.success), "before_exec": res.error_before_exec is not None}
     if not res.success:
         exc = res.error_before_exec or res.error_in_exec
