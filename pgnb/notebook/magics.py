@@ -248,8 +248,9 @@ class PgMagics(Magics):
         else:
             raise UsageError(f"%pg_debug takes one rank of 0-{sb.spec.world - 1}, not {args.rank!r}")
         prompter, no_input = _prompter(self.shell)
-        if prompter is None:
-            raise UsageError(f"%pg_debug needs input from the notebook: {no_input}")
+        if prompter is None:  # as a skipped breakpoint: say so, and the notebook goes on
+            print(f"%pg_debug {rank} skipped: {no_input}")
+            return
         try:
             note = sb.debug(rank, prompter=prompter)
         except PgnbError as e:
