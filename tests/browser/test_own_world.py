@@ -105,19 +105,23 @@ def check_own_world(nb: Any, cell: int, scheme: str, size: int, frozen: str | No
     return {"cell": cell, "rows": size, "claims": {k: sorted(v) for k, v in seen.items()}, "frozen": frozen}
 
 
-def _screenshot(nb: Any, artifacts: Path, name: str, docs_name: str) -> None:
-    """The whole notebook, every cell on screen: the viewport is made as tall as the notebook first."""
+def _screenshot(nb: Any, artifacts: Path, name: str, docs_name: str, first: int, last: int) -> None:
+    """Cells ``first``..``last`` in one picture: the viewport is made tall enough for all of them first."""
     page = nb.page
     size = page.viewport_size
     tall = page.evaluate("() => Math.max(...[...document.querySelectorAll('.jp-Notebook, .jp-WindowedPanel-outer')]"
                          ".map(e => e.scrollHeight))")
     page.set_viewport_size({"width": size["width"], "height": min(int(tall) + 200, 6000)})
     try:
+        page.evaluate("() => document.querySelectorAll('.jp-WindowedPanel-outer, .jp-Notebook')"
+                      ".forEach(e => { e.scrollTop = 0; })")
         page.wait_for_timeout(500)  # let the layout settle
-        area = page.locator(".jp-Notebook").first
-        area.screenshot(path=str(artifacts / name))
+        top, bottom = nb.cell(first).bounding_box(), nb.cell(last).bounding_box()
+        clip = {"x": top["x"], "y": top["y"], "width": top["width"],
+                "height": bottom["y"] + bottom["height"] - top["y"]}
+        page.screenshot(path=str(artifacts / name), clip=clip)
         if os.environ.get("PGNB_UPDATE_SCREENSHOT") == "1":
-            area.screenshot(path=str(REPO_ROOT / "docs" / docs_name))
+            page.screenshot(path=str(REPO_ROOT / "docs" / docs_name), clip=clip)
     finally:
         page.set_viewport_size(size)
 
@@ -139,8 +143,8 @@ def test_five_inits_each_view_shows_its_own_world(
     for cell, (scheme, size) in WORLDS.items():
         newest = cell == max(WORLDS)
         found.append(check_own_world(nb, cell, scheme, size, None if newest else "replaced by a later %pg_init"))
-    nb.page.evaluate("window.scrollTo(0, 0)")
-    _screenshot(nb, artifacts, f"own_world_{ui}.png", f"status_view_{'lab' if ui == 'lab' else 'notebook7'}.png")
+    _screenshot(nb, artifacts, f"own_world_{ui}.png", f"status_view_{'lab' if ui == 'lab' else 'notebook7'}.png",
+                min(WORLDS), max(WORLDS))
 
     _run_clean(nb, SHUTDOWN, timeout_ms=UI_TIMEOUT_MS)
     for cell, (scheme, size) in WORLDS.items():
@@ -181,6 +185,24 @@ def _lesson_views(cells: list[dict[str, Any]]) -> dict[int, tuple[str, int, str]
     return views
 
 
+def reopen(nb: Any, open_notebook: Any, saved: Path, views: dict[int, Any], artifacts: Path) -> dict[int, Any]:
+    """Open a saved copy with a new kernel, nothing run: what each view cell shows (widgets cannot render).
+
+    The view's widget cannot render ("Loading widget..."); under a ``%pg_init`` the outcome
+    line still names the cell's own world, and no other.
+    """
+    copy = open_notebook("lesson01_reopened.ipynb", saved)
+    shown = {}
+    for cell, (scheme, size, _) in views.items():
+        text = copy.output(cell).inner_text()
+        shown[cell] = {"text": text, "widget_views": copy.output(cell).locator(VIEW).count()}
+        if copy.cell(cell).locator(".jp-InputArea-editor").inner_text().startswith("%pg_init"):
+            seen = claims(text)  # the outcome line under the view
+            assert seen["init"] == {scheme} and seen["world"] == {str(size)}, (cell, seen, text)
+    copy.page.screenshot(path=str(artifacts / "lesson01_reopened_without_state.png"), full_page=True)
+    return shown
+
+
 def test_lesson_01_in_jupyterlab_then_saved_replays_under_nbval(
     open_notebook: Any, lab_server: Any, artifacts: Path, pgnb_leftovers: Any
 ) -> None:
@@ -200,7 +222,6 @@ def test_lesson_01_in_jupyterlab_then_saved_replays_under_nbval(
     saved_path.write_text(json.dumps(saved, indent=1))
     assert not pgnb_leftovers(15.0)
     assert not controller_errors(lab_server), controller_errors(lab_server)
-
     # the notebook as JupyterLab saved it replays under strict nbval (what the lessons' test runs)
     from importlib.resources import files
 
@@ -214,3 +235,21 @@ def test_lesson_01_in_jupyterlab_then_saved_replays_under_nbval(
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
     (artifacts / "lesson01_saved_nbval.txt").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout[-4000:]
+
+    reopened = reopen(nb, open_notebook, saved_path, views, artifacts)
+
+    # with JupyterLab's "Save Jupyter widget state in notebooks" on, a reopened notebook shows every view's rows
+    lab_server.put_setting("@jupyter-widgets/jupyterlab-manager:plugin", {"saveState": True})
+    nb.page.goto(f"{lab_server.base}/lab/tree/{nb.path}?token={lab_server.token}&reset")  # only this notebook
+    nb.wait_kernel_ready()  # the same kernel, which still holds the views' widgets
+    for cell in views:
+        _expect()(_view(nb, cell).locator(".pgnb-row")).to_have_count(views[cell][1], timeout=15_000)
+    with_state = nb.save()
+    assert "application/vnd.jupyter.widget-state+json" in with_state["metadata"].get("widgets", {})
+    state_path = artifacts / "lesson01_saved_with_widget_state.ipynb"
+    state_path.write_text(json.dumps(with_state, indent=1))
+    restored = open_notebook("lesson01_restored.ipynb", state_path)
+    found = [check_own_world(restored, cell, scheme, size, why) for cell, (scheme, size, why) in views.items()]
+    (artifacts / "lesson01_reopened_with_state.json").write_text(json.dumps(found, indent=1))
+    (artifacts / "lesson01_reopened_without_state.json").write_text(json.dumps(reopened, indent=1))
+
