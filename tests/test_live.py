@@ -44,6 +44,12 @@ def test_a_lane_redraws_a_line_on_carriage_return_and_keeps_a_bounded_tail():
     assert lane.text() == "a\nb\n 50%"
     lane.feed("\r100%\nc\nd\n")
     assert list(lane.lines) == ["100%", "c", "d"] and lane.dropped == 2
+    # a bar on stderr stays the bottom line while stdout lines come above it, as tqdm.write keeps it
+    lane = Lane()
+    lane.feed("\rbar  10%", "stderr")
+    lane.feed("step 1\n", "stdout")
+    lane.feed("\rbar  50%", "stderr")
+    assert lane.text() == "step 1\nbar  50%"
 
 
 def test_rank_states_read_as_the_view_shows_them():

@@ -19,30 +19,42 @@ _BAR = re.compile(r"\d+%\|")
 
 
 class Lane:
-    """One rank's text as a terminal would show it: ``\\r`` rewrites the line, at most ``limit`` lines kept."""
+    """One rank's text as a terminal would show it: ``\r`` rewrites the line, at most ``limit`` lines kept.
+
+    Each stream has its own open line: a progress bar redrawn on stderr stays one
+    line at the bottom while the rank prints finished lines to stdout above it
+    (``tqdm.write`` does this in a terminal).
+    """
 
     def __init__(self, limit: int = LANE_LINES) -> None:
         self.lines: deque[str] = deque(maxlen=limit)
-        self.current = ""
+        self.open: dict[str, str] = {}  # stream -> its line not ended yet
         self.dropped = 0
 
-    def feed(self, text: str) -> None:
+    @property
+    def current(self) -> list[str]:
+        """The open lines, one per stream that has one (stdout first)."""
+        return [self.open[k] for k in sorted(self.open) if self.open[k]][::-1]
+
+    def feed(self, text: str, stream: str = "stdout") -> None:
         parts = text.split("\n")
+        current = self.open.get(stream, "")
         for i, part in enumerate(parts):
             if "\r" in part:
                 # a bar redraws the whole line; what is left after the last \r (if anything) is the line now
                 tail = part.rsplit("\r", 1)[1]
-                self.current = tail if tail else self.current
+                current = tail if tail else current
             else:
-                self.current += part
+                current += part
             if i < len(parts) - 1:
                 if len(self.lines) == self.lines.maxlen:
                     self.dropped += 1
-                self.lines.append(self.current)
-                self.current = ""
+                self.lines.append(current)
+                current = ""
+        self.open[stream] = current
 
     def text(self) -> str:
-        return "\n".join([*self.lines, self.current] if self.current else self.lines)
+        return "\n".join([*self.lines, *self.current])
 
 
 def settle(text: str) -> str:

@@ -53,15 +53,16 @@ class _RankLane:
         if event.stream == "display":
             self.displays.append(_display_html(event.data))
         else:
-            self.lane.feed(event.data)
+            self.lane.feed(event.data, event.stream)
 
     def html(self, progress: RankProgress | None) -> str:
         if progress is not None:
             colour = STATE_COLOURS.get(progress.state, "#000")
             self.state = (f"<span class='pgnb-lane-{progress.state}' style='color:{colour}'>"
                           f"{html.escape(progress.text())}</span>")
-        lines = list(self.lane.lines)[-SHOWN_LINES:] + ([self.lane.current] if self.lane.current else [])
-        more = len(self.lane.lines) + self.lane.dropped - (len(lines) - (1 if self.lane.current else 0))
+        open_lines = self.lane.current
+        lines = list(self.lane.lines)[-SHOWN_LINES:] + open_lines
+        more = len(self.lane.lines) + self.lane.dropped - (len(lines) - len(open_lines))
         body = (f"<span style='opacity:.6'>… {more} earlier lines</span>\n" if more > 0 else "") + html.escape(
             "\n".join(lines))
         text = f"<pre class='pgnb-lane-text' data-rank='{self.rank}' style='{_PRE}'>{body}</pre>" if body else ""
