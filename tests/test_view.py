@@ -261,3 +261,12 @@ def test_magics_keep_one_live_view(sb):
     assert "world 2" in _static(second) and "tcp://" in _static(second)
     sb.shutdown()
     assert third.frozen == SHUT_DOWN and first.frozen == REPLACED
+
+
+def test_the_shut_down_button_freezes_its_own_view(sb):
+    view = StatusView(sb)
+    sb.publish([RankStatus(r, 4, "gloo", "initialized") for r in range(4)], phase="initialized")
+    refresh, stop = view.children[-1].children
+    stop.click()  # closes the button it was clicked on: the view freezes inside the click
+    assert view.frozen == SHUT_DOWN and stop.comm is None
+    assert _static_states(view) == ["initialized"] * 4 and "pgnb-phase'>shut down<" in _static(view)
