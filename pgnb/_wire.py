@@ -146,8 +146,29 @@ class DebugArgs(TypedDict, total=False):
     post_mortem: bool  # %%pg --pdb: a rank that raises opens pdb where it raised
 
 
+class DTensorFacts(TypedDict):
+    """Where a DTensor's local shard sits: the mesh, the placements, the global shape."""
+
+    shape: list[int]  # the global shape (the summary's own ``shape`` is the local shard's)
+    mesh: Any  # the mesh's global ranks, nested like the mesh (``[0, 1]``, ``[[0, 1], [2, 3]]``)
+    dims: list[str] | None  # the mesh's dimension names
+    placements: list[str]  # ``Shard(0)``, ``Replicate()``, ``Partial(sum)``, one per mesh dimension
+    offset: list[int] | None  # where the local shard starts in the global tensor (None: unknown)
+
+
+class ParamSummary(TypedDict):
+    """One parameter of a module on one rank: its global shape and the shard this rank holds."""
+
+    name: str
+    dtype: str
+    shape: list[int]  # global
+    local: list[int]  # this rank's shard (the same as ``shape`` for a plain tensor)
+    placements: list[str] | None  # None: a plain tensor, not a DTensor
+    mesh: Any  # as in DTensorFacts (None for a plain tensor)
+
+
 class _ValueSummaryBase(TypedDict):
-    kind: Literal["tensor", "scalar", "text", "missing"]
+    kind: Literal["tensor", "scalar", "text", "module", "missing"]
 
 
 class ValueSummary(_ValueSummaryBase, total=False):
@@ -161,6 +182,9 @@ class ValueSummary(_ValueSummaryBase, total=False):
     type: str
     value: Any
     cut: bool  # text shortened
+    dtensor: DTensorFacts  # a DTensor: dtype/shape/numel/head above describe the local shard
+    params: list[ParamSummary]  # a module: its first parameters
+    more: int  # a module: parameters left out
 
 
 def stack_file(stack_dir: str, pid: int) -> str:

@@ -6,6 +6,7 @@ ranks on the session's shared 4-rank world, through the API and the magic.
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -84,6 +85,49 @@ def test_a_list_of_values_can_be_shown_directly():
     assert v.ranks == (0, 1) and v.text().splitlines()[0] == "value on ranks 0, 1: float32[2]"
 
 
+def _dt(local, head, offset, shape, placements=("Shard(0)",), mesh=(0, 1)):
+    return {"kind": "tensor", "dtype": "float32", "shape": list(local), "numel": math.prod(local), "head": head,
+            "device": "cpu", "dtensor": {"shape": list(shape), "mesh": list(mesh), "dims": None,
+                                         "placements": list(placements), "offset": offset}}
+
+
+def _module(shards, placements=("Shard(0)",)):
+    return {"kind": "module", "type": "FSDPSequential", "more": 0, "params": [
+        {"name": name, "dtype": "float32", "shape": shape, "local": local, "placements": list(placements),
+         "mesh": [0, 1]} for name, shape, local in shards]}
+
+
+def test_a_dtensor_is_its_local_shards_with_mesh_placements_and_slices():
+    v = RankValues("t", (0, 1), (_dt((2,), [0.0, 1.0], [0], (5,)), _dt((3,), [2.0, 3.0, 4.0], [2], (5,))))
+    assert v.text() == ("t on ranks 0, 1: DTensor float32[5], mesh [0, 1], placements [Shard(0)]\n"
+                        "rank  local  shard  [0]  [1]  [2]\n"
+                        "0     [2]    [0:2]  0.   1.\n"
+                        "1     [3]    [2:5]  2.   3.   4.")  # uneven shards are sharding, not a mismatch
+    both = RankValues("r", (0, 1), tuple(_dt((2, 2), [1.0] * 4, [0, 0], (2, 2), ("Replicate()",)) for _ in range(2)))
+    assert both.text().splitlines()[2].split()[:3] == ["0", "[2,2]", "all"]
+    odd = RankValues("t", (0, 1), (_dt((2,), [0.0, 1.0], [0], (4,)), _dt((4,), [0.0] * 4, [0], (4,), ("Replicate()",))))
+    assert odd.text().splitlines()[0] == "t on ranks 0, 1: placements differ across ranks (rows marked !)"
+    assert odd.text().splitlines()[3].startswith("1!    DTensor float32[4]  [4]    all")
+    html = to_html(v)
+    assert "<th" in html and ">[2:5]<" in html and html == to_html(v)
+
+
+def test_a_module_is_one_table_of_parameters_and_shards():
+    rows = (_module([("0.weight", [4, 5], [2, 5]), ("0.bias", [3], [2])]),
+            _module([("0.weight", [4, 5], [2, 5]), ("0.bias", [3], [1])]))
+    v = RankValues("model", (0, 1), rows)
+    assert v.text() == ("model on ranks 0, 1: FSDPSequential, 2 parameters, 2 DTensors on mesh [0, 1]\n"
+                        "parameter  global        placements  rank 0  rank 1\n"
+                        "0.weight   float32[4,5]  [Shard(0)]  [2,5]   [2,5]\n"
+                        "0.bias     float32[3]    [Shard(0)]  [2]     [1]\n"
+                        "elements   23                        12      11")
+    html = to_html(v)
+    assert "rank 1 holds 33% of 0.bias" in html and html == to_html(RankValues("model", (0, 1), rows))
+    bad = RankValues("model", (0, 1), (rows[0], _module([("0.weight", [4, 5], [2, 5])])))
+    assert bad.text().splitlines()[0] == "model on ranks 0, 1: parameters differ across ranks (rows marked !)"
+    assert bad.text().splitlines()[3].split() == ["0.bias!", "float32[3]", "[Shard(0)]", "[2]", "-"]
+
+
 # ---- real ranks -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def world(world4):
@@ -119,6 +163,49 @@ def test_a_name_missing_on_some_ranks_is_shown_not_raised(world4, ip):
     assert v.text() == ("only_two on ranks 0-3: int; not defined on ranks 0, 1, 3\n"
                         "rank  value\n0     (not defined)\n1     (not defined)\n2     7\n3     (not defined)")
     assert gather("nowhere", world=world4).header() == "nowhere on ranks 0-3: not defined on any rank"
+
+
+DTENSOR = """\
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Shard, distribute_tensor
+mesh = init_device_mesh("cpu", (world_size,))
+dt = distribute_tensor(torch.arange(10.), mesh, [Shard(0)])
+model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+for layer in model:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+"""
+
+
+@pytest.mark.integration
+def test_dtensors_and_sharded_modules_through_api_and_magic(world4, ip):
+    assert world4.execute(DTENSOR).error() is None
+    expected = gather("dt", world=world4)
+    assert expected.text() == ("dt on ranks 0-3: DTensor float32[10], mesh [0, 1, 2, 3], placements [Shard(0)]\n"
+                               "rank  local  shard   [0]  [1]  [2]\n"
+                               "0     [3]    [0:3]   0.   1.   2.\n"
+                               "1     [3]    [3:6]   3.   4.   5.\n"
+                               "2     [3]    [6:9]   6.   7.   8.\n"
+                               "3     [1]    [9:10]  9.")
+    with capture_output() as cap:
+        ip.run_line_magic("pg_show", "dt")
+    assert [o.data for o in cap.outputs] == [ShowView(expected)._repr_mimebundle_()]
+    with capture_output() as cap:
+        pgnb.show("model", ranks=[0, 3])
+    assert cap.outputs[0].data["text/plain"] == (
+        "model on ranks 0, 3: FSDPSequential, 4 parameters, 4 DTensors on mesh [0, 1, 2, 3]\n"
+        "parameter  global        placements  rank 0  rank 3\n"
+        "0.weight   float32[4,3]  [Shard(0)]  [1,3]   [1,3]\n"
+        "0.bias     float32[4]    [Shard(0)]  [1]     [1]\n"
+        "1.weight   float32[2,4]  [Shard(0)]  [1,4]   [0,4]\n"
+        "1.bias     float32[2]    [Shard(0)]  [1]     [0]\n"
+        "elements   26                        9       4")
+    with capture_output() as cap:
+        ip.run_line_magic("pg_show", "model")
+    assert cap.outputs[0].data["text/plain"].splitlines()[1] == (
+        "parameter  global        placements  rank 0  rank 1  rank 2  rank 3")
+    assert "holds" in cap.outputs[0].data["text/html"]
 
 
 @pytest.mark.integration

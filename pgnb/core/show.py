@@ -4,6 +4,12 @@ Each rank sends only what is shown (``pgnb.rank.values.summarize``: the
 first ``MAX_ELEMENTS`` elements of a tensor, its dtype and shape), never the
 whole tensor. ``RankValues`` holds one summary per rank and says what
 differs across ranks; its text form is deterministic (nbval compares it).
+
+A DTensor is shown as each rank's local shard, with the mesh, the placements,
+the global shape and the slice of the global tensor each rank holds. A module
+(``torch.nn.Module``) on every rank is one table of its parameters: the
+global shape, the placements, and the shape of each rank's shard (what
+``fully_shard`` and ``parallelize_module`` did to it).
 ``pgnb.notebook.show`` draws it as HTML coloured by value.
 """
 
@@ -14,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._wire import ValueSummary
+from .._wire import ParamSummary, ValueSummary
 from ..errors import SpecError
 from ..rank.values import MAX_ELEMENTS, fetch, summarize
 from .text import ranks_text
@@ -37,10 +43,31 @@ class RankValues:
     def type_text(self, row: ValueSummary) -> str:
         kind = row["kind"]
         if kind == "tensor":
-            return f"{row['dtype']}[{','.join(map(str, row['shape']))}]"
+            facts = row.get("dtensor")
+            if facts is not None:
+                return f"DTensor {row['dtype']}{_shape(facts['shape'])}"
+            return f"{row['dtype']}{_shape(row['shape'])}"
         if kind == "missing":
             return MISSING
         return str(row["type"])
+
+    def _identity(self, row: ValueSummary) -> str:
+        """What every rank should agree on: the type text, and a DTensor's mesh and placements."""
+        facts = row.get("dtensor")
+        if facts is None:
+            return self.type_text(row)
+        return f"{self.type_text(row)} {facts['mesh']} {facts['placements']}"
+
+    @property
+    def is_dtensor(self) -> bool:
+        """Some rank holds a DTensor: the table shows local shards and the slices they hold."""
+        return any("dtensor" in r for r in self.rows)
+
+    @property
+    def is_module(self) -> bool:
+        """Every rank that has the value holds a module: the table is one of parameters."""
+        rows = self.defined
+        return bool(rows) and all(r["kind"] == "module" for r in rows)
 
     @property
     def defined(self) -> list[ValueSummary]:
@@ -53,7 +80,7 @@ class RankValues:
     @property
     def majority(self) -> str:
         """The most common type text among the ranks that have the value (ties: the lowest rank's)."""
-        texts = [self.type_text(r) for r in self.defined]
+        texts = [self._identity(r) for r in self.defined]
         return max(texts, key=lambda t: (texts.count(t), -texts.index(t))) if texts else ""
 
     def differs(self) -> str:
@@ -61,6 +88,16 @@ class RankValues:
         rows = self.defined
         if len({r["kind"] for r in rows}) > 1:
             return "types"
+        if rows and self.is_dtensor:
+            if not all("dtensor" in r for r in rows) or len({self.type_text(r) for r in rows}) > 1:
+                return "types"
+            if len({str(r["dtensor"]["mesh"]) for r in rows}) > 1:
+                return "meshes"
+            if len({tuple(r["dtensor"]["placements"]) for r in rows}) > 1:
+                return "placements"
+            return ""  # local shards may differ in shape: that is what sharding does
+        if rows and rows[0]["kind"] == "module":
+            return "parameters" if any(p.flagged for p in self.params()) else ""
         if rows and rows[0]["kind"] == "tensor":
             if len({r["dtype"] for r in rows}) > 1:
                 return "dtypes" if len({tuple(r["shape"]) for r in rows}) == 1 else "dtypes and shapes"
@@ -71,7 +108,7 @@ class RankValues:
         return ""
 
     def flagged(self, row: ValueSummary) -> bool:
-        return row["kind"] != "missing" and bool(self.differs()) and self.type_text(row) != self.majority
+        return row["kind"] != "missing" and bool(self.differs()) and self._identity(row) != self.majority
 
     def numbers(self) -> list[float]:
         out: list[float] = []
@@ -91,6 +128,12 @@ class RankValues:
         rows = self.defined
         if diff:
             head += f": {diff} differ across ranks (rows marked !)"
+        elif rows and self.is_dtensor:
+            facts = rows[0]["dtensor"]
+            head += f": {self.type_text(rows[0])}, {_mesh_text(facts['mesh'], facts['dims'])}, " \
+                    f"placements {_list(facts['placements'])}"
+        elif rows and self.is_module:
+            head += f": {self._module_facts()}"
         elif rows:
             head += f": {self.type_text(rows[0]) if rows[0]['kind'] == 'tensor' else rows[0]['type']}"
         missing = self.missing
@@ -111,7 +154,21 @@ class RankValues:
             return [number_text(row["value"])]
         if kind == "text":
             return [str(row["value"]) + ("…" if row.get("cut") else "")]
+        if kind == "module":
+            n = len(row.get("params", [])) + row.get("more", 0)
+            return [f"{n} parameter{'s' if n != 1 else ''}"]
         return [MISSING]
+
+    def lead_columns(self) -> list[str]:
+        """The columns between ``rank`` and the values: the type when it differs; a DTensor's shard."""
+        return (["type"] if self.differs() else []) + (["local", "shard"] if self.is_dtensor else [])
+
+    def lead(self, row: ValueSummary) -> list[str]:
+        out = [self.type_text(row)] if self.differs() else []
+        if self.is_dtensor:
+            facts = row.get("dtensor")
+            out += ["", ""] if facts is None else [_shape(row["shape"]), shard_text(row["shape"], facts)]
+        return out
 
     def columns(self) -> list[str]:
         width = max((len(self.cells(r)) for r in self.rows), default=0)
@@ -129,24 +186,121 @@ class RankValues:
 
     def text(self) -> str:
         """The deterministic table: the same values give the same text on every run."""
-        diff = self.differs()
-        head = ["rank"] + (["type"] if diff else []) + self.columns()
+        if self.is_module:
+            return "\n".join([self.header(), *_aligned(self.module_table())])
+        head = ["rank", *self.lead_columns(), *self.columns()]
         table = [head]
         for rank, row in zip(self.ranks, self.rows, strict=True):
             mark = "!" if self.flagged(row) else ""
-            table.append([f"{rank}{mark}"] + ([self.type_text(row)] if diff else []) + self.cells(row))
-        width = max(len(r) for r in table)
-        for r in table:
-            r.extend([""] * (width - len(r)))
-        widths = [max(len(r[i]) for r in table) for i in range(width)]
-        lines = [self.header()]
-        for r in table:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-        return "\n".join(lines)
+            table.append([f"{rank}{mark}", *self.lead(row), *self.cells(row)])
+        return "\n".join([self.header(), *_aligned(table)])
+
+    # -- modules: one row per parameter, one column per rank --
+    def params(self) -> list[ParamRow]:
+        """Each parameter once (in the order the ranks list them), with every rank's shard."""
+        order: list[str] = []
+        found: dict[str, dict[int, ParamSummary]] = {}
+        for rank, row in zip(self.ranks, self.rows, strict=True):
+            for p in row.get("params", []) if row["kind"] == "module" else []:
+                if p["name"] not in found:
+                    order.append(p["name"])
+                    found[p["name"]] = {}
+                found[p["name"]][rank] = p
+        having = [rank for rank, row in zip(self.ranks, self.rows, strict=True) if row["kind"] == "module"]
+        out = []
+        for name in order:
+            per = found[name]
+            first = next(iter(per.values()))
+            agree = len({(p["dtype"], tuple(p["shape"]), tuple(p["placements"] or ()), str(p["mesh"]))
+                         for p in per.values()}) == 1
+            out.append(ParamRow(name, first, {r: per.get(r) for r in having},
+                                flagged=not agree or len(per) < len(having)))
+        return out
+
+    def _module_facts(self) -> str:
+        rows = self.defined
+        types = sorted({str(r["type"]) for r in rows})
+        n = max(len(r.get("params", [])) + r.get("more", 0) for r in rows)
+        meshes = sorted({str(p["mesh"]) for r in rows for p in r.get("params", []) if p["mesh"] is not None})
+        text = f"{'/'.join(types)}, {n} parameter{'s' if n != 1 else ''}"
+        sharded = sum(1 for p in rows[0].get("params", []) if p["placements"] is not None)
+        if not sharded:
+            return text + ", plain tensors (each rank holds them whole)"
+        return text + f", {sharded} DTensor{'s' if sharded != 1 else ''} on mesh {', '.join(meshes)}"
+
+    def module_table(self) -> list[list[str]]:
+        """The parameter table: name, global shape, placements, then each rank's shard shape."""
+        having = [(rank, row) for rank, row in zip(self.ranks, self.rows, strict=True) if row["kind"] == "module"]
+        table = [["parameter", "global", "placements", *(f"rank {r}" for r, _ in having)]]
+        totals = dict.fromkeys((r for r, _ in having), 0)
+        whole = 0
+        for p in self.params():
+            cells = []
+            for r, _ in having:
+                mine = p.ranks.get(r)
+                cells.append("-" if mine is None else _shape(mine["local"]))
+                totals[r] += 0 if mine is None else math.prod(mine["local"])
+            whole += math.prod(p.first["shape"])
+            table.append([p.name + ("!" if p.flagged else ""), f"{p.first['dtype']}{_shape(p.first['shape'])}",
+                          "-" if p.first["placements"] is None else _list(p.first["placements"]), *cells])
+        more = max((row.get("more", 0) for _, row in having), default=0)
+        if more:
+            table.append([f"… +{more} more", "", "", *("" for _ in having)])
+        else:
+            table.append(["elements", str(whole), "", *(str(totals[r]) for r, _ in having)])
+        return table
 
     def __repr__(self) -> str:
         return self.text()
 
+
+
+@dataclass(frozen=True)
+class ParamRow:
+    """One parameter of a module across ranks (``RankValues.params``)."""
+
+    name: str
+    first: ParamSummary  # the first rank's (global shape, dtype, placements)
+    ranks: dict[int, ParamSummary | None]  # rank -> its shard (None: it has no such parameter)
+    flagged: bool  # the ranks disagree about it, or some rank lacks it
+
+    def share(self, rank: int) -> float | None:
+        """The fraction of the parameter's elements ``rank`` holds."""
+        mine = self.ranks.get(rank)
+        whole = math.prod(self.first["shape"])
+        return None if mine is None or not whole else math.prod(mine["local"]) / whole
+
+
+def _aligned(table: list[list[str]]) -> list[str]:
+    width = max(len(r) for r in table)
+    for r in table:
+        r.extend([""] * (width - len(r)))
+    widths = [max(len(r[i]) for r in table) for i in range(width)]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return f"[{','.join(map(str, shape))}]"
+
+
+def _list(items: Sequence[str]) -> str:
+    return f"[{', '.join(items)}]"
+
+
+def _mesh_text(mesh: Any, dims: Sequence[str] | None) -> str:
+    """``mesh [0, 1]``, or ``mesh [[0, 1], [2, 3]] (dp, tp)`` with dimension names."""
+    return f"mesh {mesh}" + (f" ({', '.join(dims)})" if dims else "")
+
+
+def shard_text(local: Sequence[int], facts: Any) -> str:
+    """Which part of the global tensor a rank's shard is: ``[0:3, :]``; ``all`` when it holds it whole."""
+    offset = facts.get("offset")
+    if offset is None or len(offset) != len(local):
+        return "?"
+    parts = [":" if o == 0 and n == g else f"{o}:{o + n}"
+             for o, n, g in zip(offset, local, facts["shape"], strict=True)]
+    text = "all" if all(p == ":" for p in parts) else f"[{', '.join(parts)}]"
+    return text + (" partial" if any(p.startswith("Partial") for p in facts["placements"]) else "")
 
 
 def number_text(v: Any) -> str:

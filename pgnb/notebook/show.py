@@ -48,25 +48,27 @@ def show(what: str | Sequence[Any], ranks: Iterable[int] | None = None, sandbox:
 
 
 def to_html(v: RankValues) -> str:
-    """A table coloured by value (one scale for all ranks); deterministic like the text."""
+    """A table coloured by value (one scale for all ranks); deterministic like the text.
+
+    A module is a table of its parameters, each rank's shard coloured by the share
+    of the parameter it holds."""
+    if v.is_module:
+        return _module_html(v)
     nums = v.numbers()
     lo, hi = (min(nums), max(nums)) if nums else (0.0, 0.0)
-    diff = v.differs()
+    lead = v.lead_columns()
     cols = v.columns()
     th = "padding:2px 8px;text-align:center;font-weight:normal;color:#666"
     out = ['<div class="pgnb-show" style="display:inline-block;font-family:monospace;font-size:12px">',
            f'<div style="margin-bottom:4px">{html.escape(v.header())}</div>',
            '<table style="border-collapse:collapse">', "<tr>", f'<th style="{th}">rank</th>']
-    if diff:
-        out.append(f'<th style="{th}">type</th>')
-    out.extend(f'<th style="{th}">{html.escape(c)}</th>' for c in cols)
+    out.extend(f'<th style="{th}">{html.escape(c)}</th>' for c in (*lead, *cols))
     out.append("</tr>")
     for rank, row in zip(v.ranks, v.rows, strict=True):
         bad = v.flagged(row)
         style = "padding:2px 8px;text-align:right" + (";color:#c62828;font-weight:bold" if bad else "")
         out.append(f'<tr><td style="{style}">{rank}{"!" if bad else ""}</td>')
-        if diff:
-            out.append(f'<td style="{style}">{html.escape(v.type_text(row))}</td>')
+        out.extend(f'<td style="{style}">{html.escape(c)}</td>' for c in v.lead(row))
         values = row.get("head", []) if row["kind"] == "tensor" else [row.get("value")]
         for i, cell in enumerate(v.cells(row)):
             value = values[i] if i < len(values) else None
@@ -77,6 +79,40 @@ def to_html(v: RankValues) -> str:
         out.append(f'<div style="margin-top:4px;color:#666">colour: {html.escape(number_text(lo))} '
                    f'{_legend()} {html.escape(number_text(hi))}</div>')
     out.append("</div>")
+    return "".join(out)
+
+
+def _module_html(v: RankValues) -> str:
+    table = v.module_table()
+    params = v.params()
+    th = "padding:2px 8px;text-align:center;font-weight:normal;color:#666"
+    td = "padding:2px 8px;text-align:right;border:1px solid #fff"
+    out = ['<div class="pgnb-show" style="display:inline-block;font-family:monospace;font-size:12px">',
+           f'<div style="margin-bottom:4px">{html.escape(v.header())}</div>',
+           '<table style="border-collapse:collapse">', "<tr>"]
+    out.extend(f'<th style="{th}">{html.escape(c)}</th>' for c in table[0])
+    out.append("</tr>")
+    ranks = [int(c.split()[1]) for c in table[0][3:]]
+    for i, row in enumerate(table[1:]):
+        p = params[i] if i < len(params) else None
+        bad = p is not None and p.flagged
+        style = td + (";color:#c62828;font-weight:bold" if bad else "")
+        out.append("<tr>")
+        out.extend(f'<td style="{style}">{html.escape(c)}</td>' for c in row[:3])
+        for rank, cell in zip(ranks, row[3:], strict=True):
+            share = None if p is None else p.share(rank)
+            if share is None:
+                out.append(f'<td style="{td}">{html.escape(cell)}</td>')
+                continue
+            r, g, b = colour(share, 0.0, 1.0)
+            ink = "#000" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "#fff"
+            title = f"rank {rank} holds {share:.0%} of {p.name}" if p is not None else ""
+            out.append(f'<td style="{td};background:{_hex((r, g, b))};color:{ink}" title="{html.escape(title)}">'
+                       f"{html.escape(cell)}</td>")
+        out.append("</tr>")
+    out.append("</table>")
+    out.append(f'<div style="margin-top:4px;color:#666">colour: the share of each parameter a rank holds, '
+               f'0 {_legend()} 1</div></div>')
     return "".join(out)
 
 

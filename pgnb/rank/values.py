@@ -10,23 +10,46 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .._wire import ValueSummary
+from .._wire import DTensorFacts, ParamSummary, ValueSummary
 
 #: Elements of a tensor ``%pg_show`` sends per rank (the rest is counted, not sent).
 MAX_ELEMENTS = 16
 #: Characters of a string or another object's repr shown per rank.
 MAX_TEXT = 60
+#: Parameters of a module ``%pg_show`` sends per rank (the rest is counted).
+MAX_PARAMS = 64
 
 
 def summarize(value: Any, limit: int = MAX_ELEMENTS) -> ValueSummary:
-    """What the view needs of one rank's value: kind, type text, the first ``limit`` elements."""
+    """What the view needs of one rank's value: kind, type text, the first ``limit`` elements.
+
+    A DTensor is its local shard (dtype, shape, head) plus ``dtensor``: the mesh,
+    the placements, the global shape and where the shard starts. A module
+    (``torch.nn.Module``) is its parameters' global and local shapes.
+    """
     torch = sys.modules.get("torch")
     np = sys.modules.get("numpy")
     if torch is not None and isinstance(value, torch.Tensor):
-        flat = value.detach().reshape(-1)[:limit].cpu()
-        dtype = str(value.dtype).replace("torch.", "")
-        return {"kind": "tensor", "dtype": dtype, "shape": list(value.shape), "numel": value.numel(),
-                "head": _plain(flat.tolist()), "device": value.device.type}
+        facts = _dtensor(value)
+        local = value if facts is None else _local(value)
+        with torch.no_grad():
+            flat = local.detach().reshape(-1)[:limit].cpu()
+        out: ValueSummary = {"kind": "tensor", "dtype": _dtype(value.dtype), "shape": list(local.shape),
+                             "numel": local.numel(), "head": _plain(flat.tolist()), "device": local.device.type}
+        if facts is not None:
+            out["dtensor"] = facts
+        return out
+    if torch is not None and isinstance(value, torch.nn.Module):
+        params: list[ParamSummary] = []
+        named = list(value.named_parameters())
+        for name, p in named[:MAX_PARAMS]:
+            facts = _dtensor(p)
+            params.append({"name": name, "dtype": _dtype(p.dtype), "shape": list(p.shape),
+                           "local": list(p.shape if facts is None else _local(p).shape),
+                           "placements": None if facts is None else facts["placements"],
+                           "mesh": None if facts is None else facts["mesh"]})
+        return {"kind": "module", "type": type(value).__name__, "params": params,
+                "more": max(0, len(named) - MAX_PARAMS)}
     if np is not None and isinstance(value, np.ndarray):
         return {"kind": "tensor", "dtype": f"numpy {value.dtype}", "shape": list(value.shape), "numel": int(value.size),
                 "head": _plain(value.reshape(-1)[:limit].tolist()), "device": "cpu"}
@@ -41,6 +64,41 @@ def summarize(value: Any, limit: int = MAX_ELEMENTS) -> ValueSummary:
                 "head": list(value[:limit]), "device": "cpu"}
     text = repr(value)
     return {"kind": "text", "type": type(value).__name__, "value": text[:MAX_TEXT], "cut": len(text) > MAX_TEXT}
+
+
+def _dtype(dtype: Any) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _dtensor(value: Any) -> DTensorFacts | None:
+    """The mesh and placements of a DTensor (None for any other tensor; DTensor is not imported here)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    cls = getattr(module, "DTensor", None)
+    if cls is None or not isinstance(value, cls):
+        return None
+    mesh = value.device_mesh
+    placements = tuple(value.placements)
+    offset: list[int] | None = None
+    try:  # private in torch 2.13; without it the view only lacks the shard's slice
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        offset = [int(x) for x in compute_local_shape_and_global_offset(value.shape, mesh, placements)[1]]
+    except Exception:
+        offset = None
+    return {"shape": list(value.shape), "mesh": mesh.mesh.tolist(),
+            "dims": None if mesh.mesh_dim_names is None else list(mesh.mesh_dim_names),
+            "placements": [placement_text(p) for p in placements], "offset": offset}
+
+
+def _local(value: Any) -> Any:
+    """A DTensor's local shard, without recording an autograd step."""
+    local = getattr(value, "_local_tensor", None)
+    return local if local is not None else value.to_local()
+
+
+def placement_text(placement: Any) -> str:
+    """``Shard(0)``, ``Replicate()``, ``Partial(sum)``: torch's own text, without ``dim=``."""
+    return repr(placement).replace("dim=", "")
 
 
 def _plain(values: list[Any]) -> list[Any]:
