@@ -36,6 +36,11 @@ _CELL_FILE = re.compile(r"(^<ipython-input-)|(/ipykernel_\d+/\d+\.py$)")
 _TRACER_FILE = os.path.join(*tracer.__name__.split(".")) + ".py"
 
 
+#: The note of a rank that answered but is in no cell's code: it has left the cell (IPython formats its
+#: error, or it is replying), so its result is on its way.
+NO_CELL_CODE = "its stack shows no cell code"
+
+
 @dataclass(frozen=True)
 class Stack:
     """Where one still-running rank is: its frames (most recent call last) and the innermost one."""
@@ -87,7 +92,7 @@ def dump_stacks(infos: Mapping[int, EngineInfo], stack_dir: str, code: str = "")
     for r in asked:
         if r in dumps:
             frames, where = trim_stack(dumps[r], code)
-            out[r] = Stack(tuple(frames), where, "" if frames else "its stack shows no cell code")
+            out[r] = Stack(tuple(frames), where, "" if frames else NO_CELL_CODE)
         else:
             out[r] = Stack(note="it did not answer the stack request in time")
     return out

@@ -42,7 +42,7 @@ from .cluster import EnginePool, exit_status
 from .files import OwnedDir
 from .liveness import PERIOD, STATUS_WAIT, Watcher
 from .rendezvous import STORE_FILE, EngineInfo, plans, rank_order, store_bind
-from .stacks import dump_stacks
+from .stacks import NO_CELL_CODE, dump_stacks
 from .text import lost_text, one_line, ranks_text
 
 #: Extra seconds pgnb waits past torch's own timeout, so torch's clearer error wins when it fires.
@@ -53,6 +53,9 @@ STATUS_TIMEOUT = 5.0
 LOST_GRACE = 1.0
 #: Seconds between two looks at a cell's ranks while its output is shown live.
 TICK = 0.05
+#: Seconds a busy rank that has left its cell's code gets for its reply (IPython formatting a traceback
+#: can take a second or more on a loaded machine).
+LEAVING = 5.0
 
 
 @dataclass(frozen=True)
@@ -543,8 +546,14 @@ class World:
         if not stuck:
             return
         entries = {r: self.busy.entry(r) for r in stuck}
-        stacks = dump_stacks({r: self._ranks[r] for r in stuck}, self.scratch_dir,
-                             next((e.code for e in entries.values() if e is not None and e.code), ""))
+        code = next((e.code for e in entries.values() if e is not None and e.code), "")
+        stacks = dump_stacks({r: self._ranks[r] for r in stuck}, self.scratch_dir, code)
+        leaving = [r for r in stuck if r in stacks and stacks[r].note == NO_CELL_CODE]
+        if leaving:  # out of the cell's code (IPython formats its error, or it replies): its result is coming
+            done = set(leaving) - set(self.busy.still_running(leaving, self.engine_ids, self.client, settle=LEAVING))
+            stuck = [r for r in stuck if r not in done]
+            if not stuck:
+                return
         what = {e.what for e in entries.values() if e is not None}
         where = {stacks[r].blocked_in for r in stuck if r in stacks}
         blocked = f", blocked in {where.pop()}" if len(where) == 1 and "" not in where else ""
