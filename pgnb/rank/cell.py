@@ -84,6 +84,10 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     saved_count = shell.execution_count
     shadowed = shell.__dict__.get("_showtraceback")
     shell._showtraceback = grab  # the formatted traceback comes back in the reply, not on iopub
+    # grab() ignores IPython's formatted text: do not pay for its verbose form (stack_data parses every
+    # library file on the stack, ~1 s for torch's distributed_c10d.py on a loaded machine)
+    tb_mode = shell.InteractiveTB.mode
+    shell.InteractiveTB.set_mode("Plain")
     if label is not None:
         shell.execution_count = label
     try:
@@ -96,6 +100,7 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
         else:
             shell._showtraceback = shadowed
         shell.execution_count = saved_count
+        shell.InteractiveTB.set_mode(tb_mode)
         rank_debug.uninstall(hooks)
     if not res.success and debug is not None and debug.get("post_mortem"):
         note = rank_debug.post_mortem(debug, rank)  # %%pg --pdb: the user looks around before the reply goes
