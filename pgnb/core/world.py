@@ -477,7 +477,9 @@ class World:
             lost = self.lost_ranks()
             alive = set(self._pool.ids())
             # a rank still running earlier work would answer only after it: say so instead of asking
-            busy = set(self.busy.still_running(range(len(self._ranks)), self.engine_ids, self.client, settle=0.2))
+            # (as long as asking it would take: a cell that ends meanwhile, e.g. after a lost peer, is not busy)
+            busy = set(self.busy.still_running(range(len(self._ranks)), self.engine_ids, self.client,
+                                               settle=timeout))
             ars = {r: self.client[e.engine_id].apply_async(engine.rank_status)
                    for r, e in enumerate(self._ranks) if e.engine_id in alive and r not in lost and r not in busy}
             deadline = time.monotonic() + timeout
