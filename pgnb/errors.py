@@ -13,6 +13,10 @@ The magics turn these into a plain ``UsageError`` (one line in a notebook).
     └── RankError            code run on ranks failed
         ├── CellTimeout      ranks still running at the --timeout
         └── RankLost         a rank's engine died
+            └── WorldBroken  a process every rank needs died (controller, scheduler)
+
+    KeyboardInterrupt
+    └── Interrupted          Ctrl-C stopped %pg_init / %pg_destroy / %pg_shutdown; the state is coherent
 """
 
 from __future__ import annotations
@@ -72,3 +76,20 @@ class CellTimeout(RankError):
 
 class RankLost(RankError):
     """A rank's engine process died."""
+
+
+class WorldBroken(RankLost):
+    """A process the whole world depends on died (the ipyparallel controller or one of its schedulers)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (the stop button) interrupted a lifecycle call; pgnb cleaned up before raising this.
+
+    A ``KeyboardInterrupt``, so a script calling ``Sandbox.start`` still stops on Ctrl-C.
+    ``action`` is ``init``, ``destroy`` or ``shutdown``; ``phase`` what it was doing;
+    ``outcome`` what exists now and what to run next.
+    """
+
+    def __init__(self, action: str, phase: str, outcome: str) -> None:
+        super().__init__(f"{action} interrupted while {phase}; {outcome}")
+        self.action, self.phase, self.outcome = action, phase, outcome

@@ -1,14 +1,14 @@
 """Write docs/reliability.md's tables from what the suite checks, as a run found it.
 
     python tests/reliability_table.py                 # runs tests/test_reliability.py -> docs/reliability.md
-    python tests/reliability_table.py --run-slow tests/test_reliability.py tests/test_soak.py
+    python tests/reliability_table.py --run-slow tests/test_reliability.py tests/test_soak.py tests/test_chaos.py
     python tests/reliability_table.py -o table.md     # write the tables to a file of their own instead
 
 (``make reliability`` runs the second form.) Only what stands between the
 page's ``<!-- reliability:begin -->`` and ``<!-- reliability:end -->`` markers
 is replaced. Every row is one test of
 ``test_fault_*`` (faults survived), ``test_input_*`` (bad input refused),
-``test_security_*`` or ``test_soak_*``: its docstring says what is checked, the
+``test_security_*``, ``test_soak_*`` or ``test_chaos_*``: its docstring says what is checked, the
 last column what this run found. Figures a test recorded with
 ``record_property`` (detection latency, shutdown time, ...) follow the tables.
 Any other arguments go to pytest.
@@ -35,6 +35,7 @@ SECTIONS = [
     ("test_input_", "Bad input refused"),
     ("test_security_", "Security"),
     ("test_soak_", "Soak"),
+    ("test_chaos_", "Chaos in the control plane"),
 ]
 #: record_property keys -> how the figure reads in the table
 FIGURES = {
@@ -49,7 +50,23 @@ FIGURES = {
     "rss_growth_cycles_pct": "soak: kernel memory after 100 cycles vs after the first (%, limit 10)",
     "force_cycle_s": "soak: one `%pg_init --force`/`%pg_shutdown` cycle (s)",
     "rss_growth_all_pct": "soak: kernel memory after the 20 force cycles too vs after the first (%, limit 10)",
+    "interrupt_return_s": "`%pg_init` interrupted 0.3-1.5 s into a cold world 4: the cell returned after (s, slowest)",
+    "interrupt_stopped_s": "... and every process it had started was gone after (s from the interrupt, limit 2)",
+    "controller_named_s": "controller SIGKILLed: the next `%%pg` named it after (s from the kill, limit 2)",
+    "reaper_replaced_s": "reaper SIGKILLed: a new one ran after (s, limit 2)",
+    "nothing_left_after_kernel_kill_s": "... then the kernel SIGKILLed: nothing of pgnb's left after (s, limit 10)",
 }
+#: the chaos tests' figures, for the fixed set (``chaos_``) and the seeded soak (``chaos_soak_``)
+for _prefix, _run in (("chaos_", "chaos, fixed set"), ("chaos_soak_", "chaos soak")):
+    FIGURES.update({
+        f"{_prefix}trials": f"{_run}: trials",
+        f"{_prefix}failures": f"{_run}: failed trials",
+        f"{_prefix}kinds": f"{_run}: faults by kind (the process killed, or an interrupt)",
+        f"{_prefix}phases": f"{_run}: where the faults landed (an interrupted call's phase; else during or after "
+                            "the magic)",
+        f"{_prefix}slowest_return_s": f"{_run}: slowest return of a magic after its fault (s, limit 10)",
+        f"{_prefix}slowest_recovery_s": f"{_run}: slowest recovery, plain `%pg_init` and a checked `all_reduce` (s)",
+    })
 
 
 @dataclass
@@ -102,8 +119,9 @@ def _result(row: Row) -> str:
 
 def render(plugin: TablePlugin) -> str:
     out = [
-        "What pgnb survives and refuses, one row per test of `tests/test_reliability.py` and "
-        "`tests/test_soak.py`; the tables below are written by `python tests/reliability_table.py` "
+        "What pgnb survives and refuses, one row per test of `tests/test_reliability.py`, "
+        "`tests/test_soak.py` and `tests/test_chaos.py`; the tables below are written by "
+        "`python tests/reliability_table.py` "
         f"(last run: {time.strftime('%Y-%m-%d')}, {platform.system()} {platform.machine()}, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}).",
     ]

@@ -17,12 +17,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
-from ..errors import EngineStartError, SpecError
+from ..errors import RECOVER_HINT, EngineStartError, SpecError
 from ..procs import ipcontroller_config
 from ..procs.reaper import OWNER_ENV, Reaper, cluster_files, kill_all, owned_by_token, sweep, write_state
 from ..rank import engine
 from ..spec import LOCAL_LAUNCHERS
 from .files import private_file
+from .liveness import describe_exit
 from .rendezvous import EngineInfo
 
 #: How often the controller pings engines (ms). ipyparallel's 3 s default
@@ -46,6 +47,8 @@ _ipp_log.propagate = False
 _EXIT_STATUS: dict[int, int] = {}
 _EXIT_STATUS_KEEP = 256
 _local_engine_set: type | None = None
+_local_controller: type | None = None
+_reaped: type | None = None
 
 
 def exit_status(pid: int) -> int | None:
@@ -59,6 +62,23 @@ def _record_exit(pid: int, status: int) -> None:
     _EXIT_STATUS[pid] = status
 
 
+def _reaped_process() -> type:
+    """A ``psutil.Process`` whose ``wait`` records the exit status it reaps (see ``exit_status``)."""
+    global _reaped
+    if _reaped is None:
+        import psutil
+
+        class _Reaped(psutil.Process):  # type: ignore[misc]
+            def wait(self, timeout: float | None = None) -> Any:
+                status = super().wait(timeout)
+                if status is not None:
+                    _record_exit(self.pid, int(status))
+                return status
+
+        _reaped = _Reaped
+    return _reaped
+
+
 def local_engine_set() -> type:
     """ipyparallel's ``local`` engine-set launcher, unchanged except that it remembers exit statuses.
 
@@ -69,20 +89,14 @@ def local_engine_set() -> type:
     """
     global _local_engine_set
     if _local_engine_set is None:
-        import psutil
         from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
 
-        class _Reaped(psutil.Process):  # type: ignore[misc]
-            def wait(self, timeout: float | None = None) -> Any:
-                status = super().wait(timeout)
-                if status is not None:
-                    _record_exit(self.pid, int(status))
-                return status
+        reaped = _reaped_process()
 
         class _Engine(LocalEngineLauncher):  # type: ignore[misc]
             def _wait(self) -> None:
                 with contextlib.suppress(Exception):  # no process, or an ipyparallel without it: no cause
-                    self.process = _Reaped(self.pid)
+                    self.process = reaped(self.pid)
                 super()._wait()
 
         class _EngineSet(LocalEngineSetLauncher):  # type: ignore[misc]
@@ -91,6 +105,26 @@ def local_engine_set() -> type:
 
         _local_engine_set = _EngineSet
     return _local_engine_set
+
+
+def local_controller() -> type:
+    """ipyparallel's ``local`` controller launcher, remembering how the controller ended (as engines do)."""
+    global _local_controller
+    if _local_controller is None:
+        from ipyparallel.cluster.launcher import LocalControllerLauncher
+
+        reaped = _reaped_process()
+
+        class _Controller(LocalControllerLauncher):  # type: ignore[misc]
+            entrypoint_name = "local"  # what the cluster file and `ipcluster` call it
+
+            def _wait(self) -> None:
+                with contextlib.suppress(Exception):
+                    self.process = reaped(self.pid)
+                super()._wait()
+
+        _local_controller = _Controller
+    return _local_controller
 
 
 def mpi_environment(environ: Mapping[str, str] | None = None, is_root: bool | None = None) -> dict[str, str]:
@@ -161,6 +195,16 @@ def _launcher_exited(engine_set: Any) -> bool:
         return True
 
 
+def _running(pid: int) -> bool:
+    """``pid`` runs (a zombie does not)."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
 def _preload_serializer() -> None:
     """Do the imports ipyparallel's first ``apply`` does (its canning map: numpy, ~0.1 s)."""
     with contextlib.suppress(Exception):  # an optimisation only: the first apply imports them anyway
@@ -199,6 +243,12 @@ class EnginePool:
         self._cluster_id = cluster_id
         self._profile_dir = profile_dir
         self.state_file: str | None = None
+        #: what the pool is doing now, in words ("starting the controller", ...): what an interrupt interrupted
+        self.step = ""
+        #: called in every wait for the engines: raises to stop waiting (a process the world needs died)
+        self.check: Callable[[], None] = lambda: None
+        #: engines launched earlier that were dead already when the present wait for engines began
+        self._dead_before: set[int] = set()
 
     # ---- start / attach -------------------------------------------------
     def connect(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
@@ -231,18 +281,23 @@ class EnginePool:
     def _start_controller(self, engines: int = 0) -> None:
         """Start the controller, then (``engines`` > 0, a local launcher) the engines, then connect."""
         early = engines > 0 and self.launcher in LOCAL_LAUNCHERS
+        self.step = "starting the controller"
         self.cluster = self.make_cluster(engines)
         self._claim_files()
         with _quiet():
             self.cluster.start_controller_sync()
         self._own_controller()
         if early:
+            self.step = "starting the engines (the zygote imports torch)" if self.launcher == "pgnb.fork" \
+                else "starting the engines"
             # the kernel only waits while the zygote imports torch: do the first apply's imports meanwhile
             preload = threading.Thread(target=_preload_serializer, name="pgnb-preload", daemon=True)
             preload.start()
             with _quiet():
-                self.cluster.start_engines_sync(engines)
+                self._checked(self.cluster.start_engines_sync, engines)
             preload.join()  # before any apply: both would fill ipyparallel's canning map
+        self.step = "connecting to the controller"
+        self.check()
         with _quiet():
             self.client = self.cluster.connect_client_sync()
 
@@ -264,6 +319,10 @@ class EnginePool:
         early = engines > 0 and self.launcher in LOCAL_LAUNCHERS
         if early:  # the engine polls for the controller's connection file (10 s by default; a loaded machine)
             cfg.EngineLauncher.engine_args.append(f"--IPEngine.wait_for_url_file={ENGINE_START_TIMEOUT:g}")
+        if self.launcher in LOCAL_LAUNCHERS:  # the controller's exit status, when it dies (pgnb names the cause)
+            kwargs_controller: dict[str, Any] = {"controller": local_controller()}
+        else:
+            kwargs_controller = {}
         if self.launcher == "mpi":
             # a more specific section replaces BaseLauncher's dict: carry the owner token over
             cfg.MPILauncher.environment = {**cfg.BaseLauncher.environment, **mpi_environment()}
@@ -278,6 +337,7 @@ class EnginePool:
             shutdown_atexit=False,  # pgnb stops its cluster itself, all engines at once
             send_engines_connection_env=not early,  # True would wait for the controller's files first
             config=cfg,
+            **kwargs_controller,
         )
         if self.launcher in LOOPBACK_LAUNCHERS:
             kwargs["controller_ip"] = "127.0.0.1"
@@ -289,6 +349,31 @@ class EnginePool:
             return self._ipp.Cluster(**kwargs)
         except Exception as e:  # traitlets rejects an unknown launcher name here
             raise SpecError(f"ipyparallel has no engine launcher {self.launcher!r}: {e}") from None
+
+    def _checked(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` (a blocking ipyparallel call) in a thread of its own, calling ``check`` meanwhile.
+
+        Starting engines blocks while the zygote imports torch (seconds); a controller that dies
+        meanwhile stops the wait at once instead of when the engines are up. If ``check`` (or Ctrl-C)
+        ends the wait, the call goes on in its thread until the caller stops what it started.
+        """
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn(*args)
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+
+        worker = threading.Thread(target=run, name="pgnb-start", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.05)
+            if worker.is_alive():
+                self.check()
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
 
     def _claim_files(self) -> None:
         """Before the controller writes anything: sweep up after dead owners, then mark this cluster as ours.
@@ -318,16 +403,20 @@ class EnginePool:
 
     def ensure_engines(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
         """Grow to at least ``n`` engines (attached clusters cannot grow: say so)."""
+        self._dead_before = {pid for pid in self._launched_engines() if not _running(pid)}
         have = len(self.client.ids)
         if have < n and not self.attached:
+            self.step = "starting more engines"
             with _quiet():
-                self.cluster.start_engines_sync(n - have)
+                self._checked(self.cluster.start_engines_sync, n - have)
         self.wait_for(n, progress)
 
     def wait_for(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
         deadline = time.monotonic() + (5.0 if self.attached else ENGINE_START_TIMEOUT)
         last = -1
+        self.step = "waiting for the engines to register"
         while True:
+            self.check()
             k = len(self.client.ids)
             if k != last and progress:
                 progress(min(k, n), n)
@@ -347,9 +436,26 @@ class EnginePool:
             self._check_launchers_alive(n)
             time.sleep(0.02)
 
+    def _launched_engines(self) -> list[int]:
+        """The pids of the engines pgnb's local launchers started (pgnb.fork and local; others do not say)."""
+        pids: list[int] = []
+        with contextlib.suppress(Exception):  # the engine sets may change under us
+            for engine_set in list(self.cluster.engines.values()):
+                pids += [int(p) for p in dict(getattr(engine_set, "engine_pids", {}) or {}).values()]
+                for launcher in dict(getattr(engine_set, "launchers", {}) or {}).values():
+                    pid = getattr(launcher, "pid", None)
+                    if isinstance(pid, int) and pid > 0:
+                        pids.append(pid)
+        return pids
+
     def _check_launchers_alive(self, n: int) -> None:
         if self.cluster is None:
             return
+        # an engine that dies before all have registered (or one kept from before) makes the wait endless
+        dead = [pid for pid in self._launched_engines() if pid not in self._dead_before and not _running(pid)]
+        if dead and len(self.client.ids) < n:
+            raise EngineStartError(f"an engine died before all {n} had registered "
+                                   f"({describe_exit(self.exit_status(dead[0]))}); {RECOVER_HINT}")
         sets = list(self.cluster.engines.values())
         if sets and all(_launcher_exited(s) for s in sets):
             output = ""
@@ -386,10 +492,12 @@ class EnginePool:
     def describe(self, ids: list[int], timeout: float = 30.0) -> list[EngineInfo]:
         """Ask every engine who and where it is (before any torch import)."""
         host = self.controller_host()
+        self.step = "asking the engines who they are"
         ars = {eid: self.client[eid].apply_async(engine.describe, host) for eid in ids}
+        self._wait_all(list(ars.values()), timeout)
         infos = []
         for eid, ar in ars.items():
-            d = ar.get(timeout=timeout)
+            d = ar.get(timeout=0)
             infos.append(EngineInfo(engine_id=eid, pid=d["pid"], host=d["host"], addr=d["addr"],
                                     iface=d["iface"], launcher_rank=d["launcher_rank"],
                                     nanny_pid=d["nanny_pid"]))
@@ -401,9 +509,57 @@ class EnginePool:
 
     def warm_up(self, ids: list[int], timeout: float = 120.0) -> None:
         """Import torch on these engines, all at once."""
+        self.step = "importing torch on the engines"
         ars = [self.client[eid].apply_async(engine.warm_up) for eid in ids]
+        self._wait_all(ars, timeout)
         for ar in ars:
-            ar.get(timeout=timeout)
+            ar.get(timeout=0)
+
+    def _wait_all(self, ars: list[Any], timeout: float) -> None:
+        """Wait for every result (``check`` between looks), at most ``timeout`` seconds; raises TimeoutError."""
+        deadline = time.monotonic() + timeout
+        for ar in ars:
+            while not ar.ready():
+                self.check()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    ar.get(timeout=0)  # ipyparallel's own TimeoutError
+                ar.wait(min(0.1, max(left, 0.0)))
+
+    # ---- the processes a world depends on ----------------------------
+    def processes(self) -> dict[str, list[int]]:
+        """The local processes of this pool by kind (``controller``, ``scheduler``, ``zygote``, ``nanny``),
+        as far as they are known now. Engines are asked for themselves (``describe``)."""
+        out: dict[str, list[int]] = {"controller": [], "scheduler": [], "zygote": [], "nanny": []}
+        cluster = self.cluster
+        if cluster is None or self.attached:
+            return out
+        proc = getattr(cluster.controller, "process", None)
+        if proc is not None:
+            out["controller"].append(proc.pid)
+            with contextlib.suppress(Exception):  # gone, or not started yet
+                out["scheduler"] += [c.pid for c in proc.children(recursive=True)]
+        with contextlib.suppress(Exception):  # the engine sets may change under us
+            for engine_set in list(cluster.engines.values()):
+                zygote = getattr(engine_set, "zygote_pid", -1)
+                if zygote and zygote > 0:
+                    out["zygote"].append(int(zygote))
+                out["nanny"] += [int(p) for p in dict(getattr(engine_set, "nanny_pids", {})).values()]
+        return out
+
+    def forked_by(self) -> dict[int, tuple[int, int | None]]:
+        """``engine pid -> (zygote pid, nanny pid)`` for engines pgnb's fork launcher started."""
+        out: dict[int, tuple[int, int | None]] = {}
+        cluster = self.cluster
+        if cluster is None:
+            return out
+        with contextlib.suppress(Exception):
+            for engine_set in list(cluster.engines.values()):
+                zygote = int(getattr(engine_set, "zygote_pid", -1))
+                nannies = dict(getattr(engine_set, "nanny_pids", {}))
+                for key, pid in dict(getattr(engine_set, "engine_pids", {})).items():
+                    out[int(pid)] = (zygote, nannies.get(key))
+        return out
 
     # ---- stopping -------------------------------------------------------
     def kill_engines(self, pids: list[int], ids: list[int], timeout: float = 5.0) -> None:

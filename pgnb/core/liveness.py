@@ -1,16 +1,23 @@
-"""Notices, while the notebook is idle, that a rank's engine process died.
+"""Notices, while the notebook is idle, that a process pgnb depends on died.
 
 The ipyparallel Client hears of a dead engine only when it is used, and it is
 not thread-safe, so a status view would go on showing a killed rank as
-``initialized``. A ``Watcher`` thread looks at the engine pids of ranks on this
-host every ``PERIOD`` seconds, with psutil only (never the Client), and calls
-back with the pid and the cause: the exit status when pgnb's local launcher
-reaped the engine (``cluster.exit_status``), else only that it is gone.
+``initialized``. A ``Watcher`` thread looks at the pids it was given every
+``PERIOD`` seconds, with psutil only (never the Client), and calls back with
+the pid and the cause: the exit status when a launcher reaped the process
+(``cluster.exit_status``) or when it is a zombie nobody reaped yet
+(``zombie_status``), else only that it is gone.
+
+pgnb watches every process of a world (``pgnb.core.world``): the controller
+and its schedulers, the zygote, the nannies, the engines and the reaper.
+Deaths seen in the same look are reported in ``priority`` order (lowest
+first), so a controller or zygote is named before the engines that die with it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -18,9 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ..procs.reaper import process_alive
 
-#: Seconds between two looks at the engine pids.
+#: Seconds between two looks at the watched pids.
 PERIOD = 0.3
-#: How long to wait for the launcher to reap a dead engine and learn its exit status.
+#: How long to wait for the launcher to reap a dead process and learn its exit status.
 STATUS_WAIT = 0.3
 
 _SIGNAL_WORDS = {
@@ -34,50 +41,91 @@ _SIGNAL_WORDS = {
 }
 
 
-def describe_exit(status: int | None) -> str:
+def describe_exit(status: int | None, what: str = "engine") -> str:
     """``-11`` -> ``"engine killed by SIGSEGV (segmentation fault)"``; ``1`` -> ``"engine exited with status 1"``."""
     if status is None:
-        return "engine process died"
+        return f"{what} process died"
     if status < 0:
         try:
             sig = signal.Signals(-status)
         except ValueError:
-            return f"engine killed by signal {-status}"
+            return f"{what} killed by signal {-status}"
         words = _SIGNAL_WORDS.get(sig)
-        return f"engine killed by {sig.name}" + (f" ({words})" if words and words != "killed" else "")
-    return f"engine exited with status {status}"
+        return f"{what} killed by {sig.name}" + (f" ({words})" if words and words != "killed" else "")
+    return f"{what} exited with status {status}"
+
+
+def died_text(what: str, status: int | None) -> str:
+    """``("the ipyparallel controller", -9)`` -> ``"the ipyparallel controller died (SIGKILL)"``."""
+    if status is None:
+        return f"{what} died"
+    if status < 0:
+        try:
+            return f"{what} died ({signal.Signals(-status).name})"
+        except ValueError:
+            return f"{what} died (signal {-status})"
+    return f"{what} died (exit status {status})"
+
+
+def zombie_status(pid: int) -> int | None:
+    """The exit status of ``pid`` if it is a zombie its parent has not reaped yet (Linux ``/proc``), else None.
+
+    Negative: killed by that signal, as ``subprocess`` says it.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+    except (OSError, ValueError):
+        return None
+    if not fields or fields[0] != "Z" or len(fields) < 50:
+        return None
+    try:
+        return os.waitstatus_to_exitcode(int(fields[49]))
+    except ValueError:
+        return None
 
 
 class Watcher:
-    """A daemon thread that reports each watched pid's death once: ``on_death(pid, cause)``."""
+    """A daemon thread that reports each watched pid's death once: ``on_death(pid, cause)``.
+
+    ``cause`` is ``describe(pid, status)`` (default: ``describe_exit(status)``), where
+    ``status`` is what ``exit_status(pid)`` or the zombie's ``/proc`` entry says, or None.
+    """
 
     def __init__(
         self,
         on_death: Callable[[int, str], None],
         exit_status: Callable[[int], int | None] = lambda pid: None,
         period: float = PERIOD,
+        describe: Callable[[int, int | None], str] | None = None,
     ) -> None:
         self._on_death = on_death
         self._exit_status = exit_status
+        self._describe = describe or (lambda pid, status: describe_exit(status))
         self._period = period
-        self._procs: dict[int, float] = {}  # pid -> start time
+        self._procs: dict[int, tuple[float, int]] = {}  # pid -> (start time, priority)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def watch(self, procs: Mapping[int, float]) -> None:
+    def watch(self, procs: Mapping[int, float], priority: int = 0) -> None:
         """Watch these ``pid -> start time`` (starts the thread on first use)."""
         with self._lock:
-            self._procs.update(procs)
+            self._procs.update({pid: (started, priority) for pid, started in procs.items()})
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(target=self._run, name="pgnb-liveness", daemon=True)
                 self._thread.start()
 
     def unwatch(self, pids: Iterable[int]) -> None:
-        """Stop watching (before pgnb kills these engines itself)."""
+        """Stop watching (before pgnb stops these processes itself)."""
         with self._lock:
             for pid in pids:
                 self._procs.pop(pid, None)
+
+    def watched(self) -> list[int]:
+        with self._lock:
+            return list(self._procs)
 
     def stop(self) -> None:
         self._stop.set()
@@ -85,26 +133,42 @@ class Watcher:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
 
+    def look(self, max_priority: int | None = None) -> None:
+        """One look now, in the caller's thread (those of at most ``max_priority``): what a magic does
+        before it sends work, so that a death of a moment ago is named rather than run into."""
+        with self._lock:
+            procs = [(pid, v) for pid, v in self._procs.items() if max_priority is None or v[1] <= max_priority]
+        self._report([(prio, pid) for pid, (started, prio) in procs if not process_alive(pid, started)])
+
     def _run(self) -> None:
         while not self._stop.wait(self._period):
             with self._lock:
                 procs = list(self._procs.items())
-            for pid, started in procs:
-                if self._stop.is_set():
-                    return
-                if process_alive(pid, started):
-                    continue
-                cause = self._cause(pid)
-                with self._lock:
-                    if self._procs.pop(pid, None) is None:
-                        continue  # unwatched meanwhile: pgnb stopped it on purpose
-                with contextlib.suppress(Exception):  # a listener's bug must not end the watch
-                    self._on_death(pid, cause)
+            self._report([(prio, pid) for pid, (started, prio) in procs if not process_alive(pid, started)])
 
-    def _cause(self, pid: int) -> str:
+    def _report(self, dead: list[tuple[int, int]]) -> None:
+        if not dead or self._stop.is_set():
+            return
+        dead.sort()
+        statuses = self._statuses([pid for _, pid in dead])
+        for _, pid in dead:
+            if self._stop.is_set():
+                return
+            with self._lock:
+                if self._procs.pop(pid, None) is None:
+                    continue  # unwatched meanwhile (pgnb stopped it on purpose), or reported by the other look
+            with contextlib.suppress(Exception):  # a listener's bug must not end the watch
+                self._on_death(pid, self._describe(pid, statuses.get(pid)))
+
+    def _statuses(self, pids: list[int]) -> dict[int, int | None]:
+        """Each dead pid's exit status, waiting up to ``STATUS_WAIT`` in all for launchers to reap them."""
         deadline = time.monotonic() + STATUS_WAIT
+        found: dict[int, int | None] = {}
         while True:
-            status = self._exit_status(pid)
-            if status is not None or time.monotonic() > deadline:
-                return describe_exit(status)
+            for pid in pids:
+                if found.get(pid) is None:
+                    status = self._exit_status(pid)
+                    found[pid] = zombie_status(pid) if status is None else status
+            if all(s is not None for s in found.values()) or time.monotonic() > deadline:
+                return found
             time.sleep(0.02)

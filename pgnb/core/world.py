@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -29,18 +30,22 @@ from ..errors import (
     EngineStartError,
     InitError,
     InitTimeout,
+    Interrupted,
     NotStartedError,
+    PgnbError,
     RankError,
     RankLost,
+    WorldBroken,
 )
-from ..procs.reaper import Reaper, owned_by_token
+from ..procs.reaper import Reaper, kill_all, owned_by_token
 from ..rank import engine
 from ..rank.cell import clean_message
 from ..spec import WorldSpec, init_command, keywords_signature
 from .busy import Busy, BusyEntry
 from .cluster import EnginePool, exit_status
 from .files import OwnedDir
-from .liveness import PERIOD, STATUS_WAIT, Watcher
+from .interrupts import deferred
+from .liveness import PERIOD, STATUS_WAIT, Watcher, describe_exit, died_text
 from .rendezvous import STORE_FILE, EngineInfo, plans, rank_order, store_bind
 from .stacks import NO_CELL_CODE, dump_stacks
 from .text import lost_text, one_line, ranks_text
@@ -56,6 +61,20 @@ TICK = 0.05
 #: Seconds a busy rank that has left its cell's code gets for its reply (IPython formatting a traceback
 #: can take a second or more on a loaded machine).
 LEAVING = 5.0
+#: Every local process a world depends on, as messages name it, in the order the liveness watcher
+#: reports deaths seen in one look (a controller or zygote before the engines that die with it).
+DEPENDENCIES = {
+    "controller": "the ipyparallel controller",
+    "scheduler": "an ipyparallel scheduler (part of the controller)",
+    "zygote": "the zygote that forked the engines",
+    "reaper": "pgnb's reaper",
+    "engine": "engine",
+    "nanny": "its nanny",  # after its engine: a nanny ends when its engine does
+}
+_PRIORITY = {kind: i for i, kind in enumerate(DEPENDENCIES)}
+#: After Ctrl-C in a re-init, how long ranks already in the rendezvous get to finish before their
+#: engines are stopped (a rank blocked in gloo's connect ignores SIGINT).
+INTERRUPT_SETTLE = 0.5
 
 
 @dataclass(frozen=True)
@@ -99,6 +118,7 @@ class Snapshot:
 
 
 _LIVE: weakref.WeakSet[World] = weakref.WeakSet()
+_log = logging.getLogger("pgnb")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -128,6 +148,14 @@ class World:
         self._lost: dict[int, str] = {}  # engine pid -> why it died (written by the watcher thread)
         self._watcher: Watcher | None = None
         self._scratch: OwnedDir | None = None
+        self._kinds: dict[int, str] = {}  # watched pid -> its kind (a key of DEPENDENCIES)
+        self._forked: dict[int, tuple[int, int | None]] = {}  # engine pid -> (its zygote's pid, its nanny's pid)
+        self._dead_zygotes: dict[int, str] = {}  # zygote pid -> how it died (watcher thread)
+        #: one line, set by the watcher thread when a process every rank needs died (controller, scheduler)
+        self._broken = ""
+        self._step = ""  # what the lifecycle call in progress does now: what an interrupt interrupts
+        self._inflight: list[tuple[int, Any]] = []  # the rendezvous' (rank, AsyncResult) while it runs
+        self._next_look = 0.0  # when the start-up wait next looks for new controller/zygote processes
         #: ranks still running an earlier cell; every entry point that talks to the ranks asks it first
         self.busy = Busy()
         self._snapshot = Snapshot(self.spec, self._fresh_rows("starting"), "new")
@@ -147,7 +175,7 @@ class World:
     def _publish(self, **changes: Any) -> None:
         with self._publish_lock:
             snap = replace(self._snapshot, **changes)
-            if self._lost:  # a dead engine stays lost whatever the main thread last thought of it
+            if self._lost or self._broken:  # a dead engine stays lost whatever the main thread last thought of it
                 snap = replace(snap, ranks=tuple(self._as_lost(r) for r in snap.ranks))
             self._snapshot = snap
             for fn in list(self._listeners):
@@ -155,6 +183,8 @@ class World:
 
     def _as_lost(self, row: RankStatus) -> RankStatus:
         cause = self._lost.get(row.pid) if row.pid is not None else None
+        if cause is None and self._broken:  # without its controller no rank can be reached
+            cause = self._broken
         if cause is None or (row.state == "lost" and row.error == cause):
             return row
         return replace(row, state="lost", error=cause)
@@ -232,6 +262,8 @@ class World:
         """
         infos = list(self._ranks)
         chosen = range(len(infos)) if ranks is None else ranks
+        if self._broken:
+            return {r: self._broken for r in chosen if 0 <= r < len(infos)}
         lost = dict(self._lost)
         return {r: lost[infos[r].pid] for r in chosen if 0 <= r < len(infos) and infos[r].pid in lost}
 
@@ -247,63 +279,216 @@ class World:
         return self.init(self.spec, force=force)
 
     def init(self, spec: WorldSpec | None = None, force: bool = False) -> World:
-        """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines."""
+        """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines.
+
+        Ctrl-C raises ``Interrupted`` once the state is coherent again: what a cold start (or
+        ``force``) had started is stopped; engines that were running before are kept (those stuck
+        in the rendezvous are stopped, and the next init replaces them). docs/reliability.md.
+        """
         spec = spec or self.spec
         with self._lock:
-            if not force and spec == self.spec and self.is_initialized and self._healthy() and all(
-                r.state == "initialized" for r in self.status()  # a cell may have destroyed the group
-            ):
-                self._publish()  # listeners redraw; nothing else happens
-                return self
-            new_hosting = self._pool is not None and (
-                spec.launcher, spec.profile, spec.cluster_id
-            ) != (self.spec.launcher, self.spec.profile, self.spec.cluster_id)
-            if force or new_hosting:
-                self._stop_pool()
-            elif self._pool is not None:
-                self._forget_lost()
-                if self._snapshot.phase != "destroyed":  # after %pg_destroy there is nothing to destroy
-                    self._destroy_ranks(quiet=True)
-            self.spec = spec
-            self._init_world()
+            before = self._pool
+            try:
+                return self._init(spec, force)
+            except KeyboardInterrupt:
+                raise self._interrupted("init", fresh=self._pool is not before) from None
+            finally:
+                self._step = ""
+
+    def _init(self, spec: WorldSpec, force: bool) -> World:
+        self._step = "checking the running world"
+        if not force and spec == self.spec and self.is_initialized and self._healthy() and all(
+            r.state == "initialized" for r in self.status()  # a cell may have destroyed the group
+        ):
+            self._publish()  # listeners redraw; nothing else happens
             return self
+        new_hosting = self._pool is not None and (
+            spec.launcher, spec.profile, spec.cluster_id
+        ) != (self.spec.launcher, self.spec.profile, self.spec.cluster_id)
+        # a dead controller (or a pool left half made) cannot be reused: start over, as --force would
+        unusable = self._pool is not None and (self._broken != "" or self._pool.client is None)
+        if force or new_hosting or unusable:
+            self._step = "stopping the engines that were running"
+            if self._stop_pool():
+                raise KeyboardInterrupt  # seen while stopping: nothing runs now, say so
+        elif self._pool is not None:
+            self._step = "destroying the previous process group"
+            self._forget_lost()
+            if self._snapshot.phase != "destroyed":  # after %pg_destroy there is nothing to destroy
+                self._destroy_ranks(quiet=True)
+        self.spec = spec
+        self._init_world()
+        return self
+
+    def _phase(self) -> str:
+        """What the lifecycle call in progress is doing, in words (``starting the controller``, ...)."""
+        pool = self._pool
+        if self._step == "starting engines":
+            return pool.step if pool is not None and pool.step else "starting the controller"
+        return self._step or "starting"
+
+    def _interrupted(self, action: str, fresh: bool) -> Interrupted:
+        """After Ctrl-C in ``action`` (init, destroy): leave a coherent state and say what exists.
+
+        ``fresh``: the pool was started by the interrupted call, so it is stopped, all of it.
+        Otherwise the engines are kept; the ranks still in the rendezvous after ``INTERRUPT_SETTLE``
+        are stopped (gloo ignores SIGINT there), and the half-made group is destroyed.
+        """
+        phase = self._phase()
+        with deferred():  # a second Ctrl-C must not cut the cleanup short
+            if self._pool is None or fresh:
+                self._stop_pool()
+                outcome = ("pgnb stopped what it had started; nothing is running; run %pg_init to start again"
+                           if fresh else "nothing is running; run %pg_init to start")
+                self._set_rows(self._fresh_rows("failed"), phase="failed",
+                               message=f"{action} interrupted while {phase}; {outcome}")
+                return Interrupted(action, phase, outcome)
+            stopped = self._settle_after_interrupt()
+            kept = "the engines are kept" + (f" ({ranks_text(stopped)} stuck in the rendezvous stopped)"
+                                             if stopped else "")
+            if action == "destroy":
+                outcome = f"{kept}; the group is destroyed; run %pg_init to make a new one"
+                rows = (replace(r, state="destroyed", error="") if r.state != "lost" else r
+                        for r in self._snapshot.ranks)
+                self._set_rows(rows, phase="destroyed", message=f"{action} interrupted while {phase}; {outcome}")
+            else:
+                outcome = f"{kept}; run %pg_init again to make the group"
+                rows = (replace(r, state="failed", error="interrupted") if r.state != "lost" else r
+                        for r in self._snapshot.ranks)
+                self._set_rows(rows, phase="failed", message=f"{action} interrupted while {phase}; {outcome}")
+            return Interrupted(action, phase, outcome)
+
+    def _settle_after_interrupt(self) -> list[int]:
+        """Engines kept after an interrupt: stop those stuck in the rendezvous, destroy the group on the others."""
+        inflight, self._inflight = self._inflight, []
+        deadline = time.monotonic() + INTERRUPT_SETTLE
+        while any(not ar.ready() for _, ar in inflight) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stuck = [r for r, ar in inflight if not ar.ready() and r < len(self._ranks)]
+        if stuck:
+            infos = [self._ranks[r] for r in stuck]
+            self._stop_watching([e.pid for e in infos])
+            for e in infos:  # lost on purpose: the next init waits for the Client to drop them, then replaces them
+                self._lost[e.pid] = "engine stopped after an interrupt (it was blocked in init_process_group)"
+            kill_all([e.pid for e in infos], grace=0.0)
+        with contextlib.suppress(Exception):
+            self._destroy_ranks(quiet=True, timeout=1.0)
+        return stuck
 
     def _healthy(self) -> bool:
-        if self._pool is None or self._pool.client is None or self.lost_ranks():
+        if self._pool is None or self._pool.client is None or self._broken or self.lost_ranks():
             return False
         return set(self.engine_ids) <= set(self._pool.ids())
 
     # ---- liveness -----------------------------------------------------
     def _watch(self, infos: Iterable[EngineInfo]) -> None:
-        """Have the watcher thread look after the engines of this host (pids mean nothing elsewhere)."""
-        import psutil
-
+        """Have the watcher thread look after the engines of this host (pids mean nothing elsewhere),
+        their nannies, and the controller, schedulers and zygotes of the pool."""
         here = socket.gethostname()
-        procs = {}
+        forked = self._pool.forked_by() if self._pool is not None else {}
         for e in infos:
             if e.host != here:
                 continue
+            zygote, nanny = forked.get(e.pid, (0, None))
+            nanny = nanny or e.nanny_pid
+            self._forked[e.pid] = (zygote, nanny)
+            self._watch_pids("engine", [e.pid])
+            if nanny:
+                self._watch_pids("nanny", [nanny])
+        self._watch_pool()
+
+    def _watch_pool(self) -> None:
+        """Watch the pool's controller, schedulers and zygotes that are not watched yet."""
+        pool = self._pool
+        if pool is None:
+            return
+        for kind, pids in pool.processes().items():
+            if kind != "nanny":  # a nanny is watched with its engine (its death costs that rank)
+                self._watch_pids(kind, [p for p in pids if p not in self._kinds])
+
+    def _watch_pids(self, kind: str, pids: Iterable[int]) -> None:
+        import psutil
+
+        procs = {}
+        for pid in pids:
             try:
-                procs[e.pid] = psutil.Process(e.pid).create_time()
+                procs[pid] = psutil.Process(pid).create_time()
             except psutil.Error:  # already gone: the next look marks it
-                procs[e.pid] = 0.0
+                procs[pid] = 0.0
+            self._kinds[pid] = kind
         if not procs:
             return
         if self._watcher is None:
-            self._watcher = Watcher(self._on_engine_death, self._exit_status)
-        self._watcher.watch(procs)
+            self._watcher = Watcher(self._on_death, self._exit_status, describe=self._describe_death)
+        self._watcher.watch(procs, priority=_PRIORITY[kind])
+
+    def _check_dependencies(self) -> None:
+        """Called while engines start: stop waiting once a process they need died (and watch new ones)."""
+        now = time.monotonic()
+        if now >= self._next_look:
+            self._next_look = now + 0.25
+            self._watch_pool()
+        if self._broken:
+            raise WorldBroken(f"{self._broken}; {RECOVER_HINT}", [])
+        dead = next(iter(self._dead_zygotes.values()), "")
+        if not dead:  # an engine kept from before, lost while new ones start: they would wait for it forever
+            dead = next((self._lost[e.pid] for e in list(self._known.values()) if e.pid in self._lost), "")
+            dead = dead and f"an engine was lost while the others started ({dead})"
+        if dead:
+            raise EngineStartError(f"{dead}; {RECOVER_HINT}")
 
     def _exit_status(self, pid: int) -> int | None:
-        pool = self._pool  # read once: the main thread may swap it
-        return pool.exit_status(pid) if pool is not None else exit_status(pid)
+        pool, reaper = self._pool, self._reaper  # read once: the main thread may swap them
+        status = pool.exit_status(pid) if pool is not None else exit_status(pid)
+        if status is None and reaper is not None:
+            status = reaper.exit_status(pid)
+        return status
+
+    def _describe_death(self, pid: int, status: int | None) -> str:
+        """Watcher thread: how the death of ``pid`` reads (an engine's names its zygote if that died first)."""
+        kind = self._kinds.get(pid, "engine")
+        if kind != "engine":
+            return died_text(DEPENDENCIES[kind], status)
+        zygote = self._forked.get(pid, (0, None))[0]
+        return self._dead_zygotes.get(zygote) or describe_exit(status)
+
+    def _on_death(self, pid: int, cause: str) -> None:
+        """Watcher thread: a process of this world died. Mark what it costs, repair what can be, tell the views."""
+        kind = self._kinds.get(pid, "engine")  # kept: a dead process is not watched again
+        if kind == "engine":
+            self._on_engine_death(pid, cause)
+        elif kind == "nanny":
+            engine = next((e for e, (_, n) in self._forked.items() if n == pid), None)
+            if engine is None or engine in self._lost:
+                return  # it ended with its engine, as nannies do
+            # without its nanny pgnb cannot interrupt the rank nor hear at once of its death: stop it
+            self._stop_watching([engine])
+            self._on_engine_death(engine, cause)
+            kill_all([engine], grace=0.0)
+        elif kind == "zygote":
+            self._dead_zygotes[pid] = cause
+            for engine, (zygote, _) in self._forked.items():  # engines reported before it: name the cause
+                if zygote == pid and engine in self._lost:
+                    self._lost[engine] = cause
+            self._publish(message=f"{cause}; {RECOVER_HINT}")
+        elif kind == "reaper":
+            reaper = self._reaper
+            new = reaper.respawn() if reaper is not None and reaper.pid == pid else None
+            if new is not None:
+                self._watch_pids("reaper", [new])
+                self._publish(message=f"{cause}; pgnb started a new one, told of every process of this world")
+        else:  # the controller or a scheduler: no rank can be reached any more
+            if not self._broken:
+                self._broken = cause
+            self._publish(message=f"{self._broken}; {RECOVER_HINT}")
 
     def _on_engine_death(self, pid: int, cause: str) -> None:
         """Watcher thread: an engine died. Mark its rank lost and tell the views."""
-        self._lost[pid] = cause
+        self._lost[pid] = self._broken or cause  # after the controller, engines exit: the controller is the cause
         rank = next((r for r, e in enumerate(self._ranks) if e.pid == pid), None)
-        if rank is None:
-            return  # a spare engine, in no rank
-        self._publish(message=f"rank {rank} lost ({cause}); {RECOVER_HINT}")
+        if rank is None or self._broken:
+            return  # a spare engine, in no rank; or the controller's death is the news
+        self._publish(message=f"rank {rank} lost ({self._lost[pid]}); {RECOVER_HINT}")
 
     def _stop_watching(self, pids: Iterable[int] | None = None) -> None:
         """Before pgnb stops engines itself: those deaths are not losses."""
@@ -331,13 +516,58 @@ class World:
         started = time.monotonic()
         self._set_rows(self._fresh_rows("starting"), phase="starting engines", message="",
                        engines_up=0, started_at=started, spec=spec, generation=self._snapshot.generation + 1)
+        self._dead_zygotes.clear()  # their engines are lost already; the engines now started are new ones
         try:
             self._ensure_engines(spec)
+            self._meet_new_engines()
         except BaseException as e:
-            self._set_rows(self._fresh_rows("failed"), phase="failed", message=str(e))
+            # anything else than a PgnbError is ipyparallel's or a lost engine's: one line, and a clean slate
+            err = e if isinstance(e, (PgnbError, KeyboardInterrupt)) else EngineStartError(
+                f"the engines did not start ({self._phase()}: {_one_line(e)}); {RECOVER_HINT}")
+            self._set_rows(self._fresh_rows("failed"), phase="failed", message=str(err))
             if self._pool is not None and not isinstance(e, KeyboardInterrupt):
                 self._stop_pool()
-            raise
+            if err is e:
+                raise
+            raise err from None
+        pool = self._pool
+        assert pool is not None
+        self._ranks = rank_order([self._known[i] for i in pool.ids()], spec.world,
+                                 use_launcher_rank=not spec.local)
+        rows = [RankStatus(r, spec.world, spec.backend, "pending", host=e.host, pid=e.pid,
+                           engine_id=e.engine_id, launcher_rank=e.launcher_rank)
+                for r, e in enumerate(self._ranks)]
+        self._set_rows(rows, phase="rendezvous")
+        self._step = "in the rendezvous (init_process_group)"
+        try:
+            self._rendezvous(rows)
+        finally:
+            self._inflight = []
+
+    def _ensure_engines(self, spec: WorldSpec) -> None:
+        def progress(k: int, n: int) -> None:
+            self._publish(engines_up=k)
+
+        self._step = "starting engines"
+        if self._pool is None:
+            with deferred() as note:  # a reaper and a pool that knows it, or neither
+                token = uuid.uuid4().hex
+                self._reaper = Reaper(token) if not spec.attached else None
+                self._pool = EnginePool(spec.launcher, spec.profile, spec.cluster_id, reaper=self._reaper)
+                self._pool.check = self._check_dependencies
+                if self._reaper is not None:
+                    self._watch_pids("reaper", [self._reaper.pid])
+            if note.seen:
+                raise KeyboardInterrupt
+            self._pool.connect(spec.world, progress)
+        else:
+            self._pool.step = ""
+            self._pool.check = self._check_dependencies
+            self._pool.ensure_engines(spec.world, progress)
+        self._watch_pool()
+
+    def _meet_new_engines(self) -> None:
+        """Ask engines not seen before who they are, watch them, import torch on them."""
         pool = self._pool
         assert pool is not None
         new = [i for i in pool.ids() if i not in self._known]
@@ -348,31 +578,6 @@ class World:
                 self._known[info.engine_id] = info
             self._watch(infos)
             pool.warm_up(new)
-        self._ranks = rank_order([self._known[i] for i in pool.ids()], spec.world,
-                                 use_launcher_rank=not spec.local)
-        rows = [RankStatus(r, spec.world, spec.backend, "pending", host=e.host, pid=e.pid,
-                           engine_id=e.engine_id, launcher_rank=e.launcher_rank)
-                for r, e in enumerate(self._ranks)]
-        self._set_rows(rows, phase="rendezvous")
-        try:
-            self._rendezvous(rows)
-        except KeyboardInterrupt:
-            self._recover_after_failed_init()
-            self._set_rows((replace(r, state="failed", error="interrupted") if r.state != "initialized" else r
-                            for r in self._snapshot.ranks), phase="failed", message="interrupted")
-            raise
-
-    def _ensure_engines(self, spec: WorldSpec) -> None:
-        def progress(k: int, n: int) -> None:
-            self._publish(engines_up=k)
-
-        if self._pool is None:
-            token = uuid.uuid4().hex
-            self._reaper = Reaper(token) if not spec.attached else None
-            self._pool = EnginePool(spec.launcher, spec.profile, spec.cluster_id, reaper=self._reaper)
-            self._pool.connect(spec.world, progress)
-        else:
-            self._pool.ensure_engines(spec.world, progress)
 
     def _rendezvous(self, rows: list[RankStatus]) -> None:
         spec, pool = self.spec, self._pool
@@ -384,7 +589,11 @@ class World:
         if spec.scheme in ("env", "tcp"):
             bind_addr, bind_port = store_bind(spec, master)
             try:
-                port = client[master.engine_id].apply_sync(engine.listen_for_store, bind_addr, bind_port)
+                listen = client[master.engine_id].apply_async(engine.listen_for_store, bind_addr, bind_port)
+                pool._wait_all([listen], spec.timeout)
+                port = listen.get(timeout=0)
+            except PgnbError:
+                raise
             except Exception as e:
                 msg = f"rank 0 cannot listen on {bind_addr}:{bind_port} ({_one_line(e)}); pick another port"
                 self._set_rows(self._fresh_rows("failed"), phase="failed", message=msg)
@@ -401,8 +610,10 @@ class World:
         rank_plans = plans(spec, self._ranks, master_addr, port, store_dir)
         ars = [client[e.engine_id].apply_async(engine.init_rank, p)
                for e, p in zip(self._ranks, rank_plans, strict=True)]
+        self._inflight = list(enumerate(ars))
         deadline = time.monotonic() + spec.timeout + DEADLINE_SLACK
         pending = set(range(spec.world))
+        lost_since = None
         while pending and time.monotonic() < deadline:
             done = [r for r in pending if ars[r].ready()]
             for r in done:
@@ -412,10 +623,17 @@ class World:
                 self._set_rows(rows)
             else:
                 time.sleep(0.005)
+            # a lost rank (or controller) never joins: the others wait for it until torch's timeout
+            if lost_since is None and (self._broken or self.lost_ranks()):
+                lost_since = time.monotonic()
+            if lost_since is not None and time.monotonic() - lost_since >= LOST_GRACE:
+                break
         failed = [r.rank for r in rows if r.state != "initialized"]
         if not failed:
             self._set_rows(rows, phase="initialized", message="")
             return
+        if lost_since is not None:
+            self._init_lost(rows, sorted(pending))
         for r in pending:
             rows[r] = replace(rows[r], state="failed",
                               error=f"did not join within the {spec.timeout:g} s timeout (engine restarted)")
@@ -425,6 +643,23 @@ class World:
         self._set_rows(rows, phase="failed", message=msg)
         err = InitTimeout if pending else InitError
         raise err(msg, failed)
+
+    def _init_lost(self, rows: list[RankStatus], pending: list[int]) -> None:
+        """A rank (or the controller) was lost in the rendezvous: stop the ranks left waiting for it, say so."""
+        if self._broken:
+            msg = f"init_process_group: {self._broken}; {RECOVER_HINT}"
+            self._set_rows(rows, phase="failed", message=msg)
+            raise WorldBroken(msg, list(range(len(rows))))
+        lost = self.lost_ranks()
+        waiting = [r for r in pending if r not in lost]
+        for r in waiting:
+            rows[r] = replace(rows[r], state="failed", error="waited for a lost rank (engine stopped)")
+        msg = f"init_process_group: {lost_text(lost)}" + (
+            f"; {ranks_text(waiting)} stopped waiting for it" if waiting else "") + f"; {RECOVER_HINT}"
+        self._set_rows(rows, phase="failed", message=msg)
+        self._recover_after_failed_init(stuck=waiting, replace_stuck=False)
+        self._set_rows(rows, phase="failed", message=msg)
+        raise InitError(msg, sorted({*lost, *waiting}))
 
     def _row_from_init(self, row: RankStatus, ar: Any) -> RankStatus:
         try:
@@ -452,19 +687,25 @@ class World:
             parts.append(f"{ranks_text(sorted(stuck))} did not join within the {self.spec.timeout:g} s timeout")
         return "init_process_group: " + "; ".join(parts) + f"; {RECOVER_HINT}"
 
-    def _recover_after_failed_init(self, stuck: list[int] | None = None) -> None:
-        """Leave a state from which the next init works: stuck engines replaced, others clean."""
+    def _recover_after_failed_init(self, stuck: list[int] | None = None, replace_stuck: bool = True) -> None:
+        """Leave a state from which the next init works: stuck engines replaced (or, without
+        ``replace_stuck``, stopped and left to the next init to replace), others clean."""
         pool = self._pool
         if pool is None:
             return
         stuck_infos = [self._ranks[r] for r in (stuck or [])]
-        if stuck_infos:
+        if stuck_infos and not replace_stuck:
+            self._stop_watching([e.pid for e in stuck_infos])
+            for e in stuck_infos:  # lost on purpose: the next init waits for the Client to drop them, replaces them
+                self._lost[e.pid] = "engine stopped (it was left waiting for a lost rank)"
+            kill_all([e.pid for e in stuck_infos], grace=0.0)
+        elif stuck_infos:
             self._stop_watching([e.pid for e in stuck_infos])
             pool.kill_engines([e.pid for e in stuck_infos], [e.engine_id for e in stuck_infos])
             for e in stuck_infos:
                 self._known.pop(e.engine_id, None)
-        self._destroy_ranks(quiet=True)
-        if stuck_infos and not pool.attached:
+        self._destroy_ranks(quiet=True, timeout=10.0 if replace_stuck else 2.0)
+        if stuck_infos and not pool.attached and replace_stuck:
             with contextlib.suppress(EngineStartError):
                 pool.ensure_engines(self.spec.world)
 
@@ -472,7 +713,8 @@ class World:
     def status(self, timeout: float = STATUS_TIMEOUT) -> list[RankStatus]:
         """Ask every rank what torch says about it; rank order."""
         with self._lock:
-            if self._pool is None or self._pool.client is None:
+            if self._pool is None or self._pool.client is None or self._broken:
+                self._publish()  # a dead controller's world: every rank is lost, nothing to ask
                 return list(self._snapshot.ranks)
             lost = self.lost_ranks()
             alive = set(self._pool.ids())
@@ -533,6 +775,10 @@ class World:
         if self._pool is None or self._pool.client is None or not self._ranks:
             raise NotStartedError()
         chosen = list(range(len(self._ranks)) if ranks is None else ranks)
+        if self._watcher is not None:  # a controller killed a moment ago: name it, rather than run into it
+            self._watcher.look(max_priority=_PRIORITY["zygote"])
+        if self._broken:  # the cause, not its consequence on every rank
+            raise WorldBroken(f"{self._broken}; {RECOVER_HINT}", chosen)
         lost = self.lost_ranks(chosen)
         if lost:
             raise RankLost(lost_text(lost) + f"; {RECOVER_HINT}", sorted(lost))
@@ -674,39 +920,68 @@ class World:
     def destroy(self) -> None:
         """``destroy_process_group()`` on every rank; engines stay for a fast re-init."""
         with self._lock:
-            self._destroy_ranks()
+            if self._broken:
+                raise WorldBroken(f"{self._broken}; {RECOVER_HINT}", list(range(len(self._ranks))))
+            self._step = "destroying the process group"
+            try:
+                self._destroy_ranks()
+            except KeyboardInterrupt:
+                raise self._interrupted("destroy", fresh=False) from None
+            finally:
+                self._step = ""
             self._set_rows((replace(r, state="destroyed", error="") if r.state != "lost" else r
                             for r in self._snapshot.ranks), phase="destroyed", message="")
 
-    def _stop_pool(self) -> None:
-        self._stop_watching()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            with contextlib.suppress(Exception):
-                # with a rank lost, the others may be stuck waiting for it: no polite destroy
-                if pool.client is not None and not self.lost_ranks():
-                    self._pool = pool
-                    self._destroy_ranks(quiet=True, timeout=2.0)
-                    self._pool = None
-            pool.stop([e.pid for e in self._known.values()])
-        for owned in (self._store_dir, self._scratch):
-            if owned is not None:
-                owned.remove()
-        self._store_dir = self._scratch = None
-        if self._reaper is not None:
-            self._reaper.release()
-            self._reaper = None
-        self._known.clear()
-        self._ranks = []
-        self._lost.clear()
-        self.busy.clear()  # nothing of the stopped engines runs any more
+    def _stop_pool(self) -> bool:
+        """Stop everything this world started; True if Ctrl-C was pressed meanwhile (it waits till the end)."""
+        with deferred() as note:
+            self._stop_watching()
+            pool, self._pool = self._pool, None
+            token = self._reaper.token if self._reaper is not None else None
+            if pool is not None:
+                with contextlib.suppress(Exception):
+                    # with a rank lost, the others may be stuck waiting for it: no polite destroy; nor when
+                    # the ranks are not all initialised (a rank in the rendezvous would make destroy wait)
+                    if pool.client is not None and not self.lost_ranks() and self.is_initialized:
+                        self._pool = pool
+                        self._destroy_ranks(quiet=True, timeout=2.0)
+                        self._pool = None
+                try:
+                    pool.stop([e.pid for e in self._known.values()])
+                except Exception as e:  # a half-started cluster: the sweep below still stops its processes
+                    _log.debug("stopping the pool: %s", e)
+            if token is not None:  # anything started late (an interrupted start goes on in ipyparallel's thread)
+                kill_all(owned_by_token(token), grace=0.5)
+            for owned in (self._store_dir, self._scratch):
+                if owned is not None:
+                    owned.remove()
+            self._store_dir = self._scratch = None
+            if self._reaper is not None:
+                self._reaper.release()
+                self._reaper = None
+            self._known.clear()
+            self._ranks = []
+            self._lost.clear()
+            self._kinds.clear()
+            self._forked.clear()
+            self._dead_zygotes.clear()
+            self._broken = ""
+            self._inflight = []
+            self.busy.clear()  # nothing of the stopped engines runs any more
+        return note.seen
 
     def shutdown(self) -> None:
-        """Destroy the group, then stop the engines and controller pgnb started."""
+        """Destroy the group, then stop the engines and controller pgnb started.
+
+        Ctrl-C does not stop a shutdown half way: it finishes, then raises ``Interrupted``.
+        """
         with self._lock:
-            self._stop_pool()
+            phase = "stopping the engines and the controller"
+            seen = self._stop_pool()
             self._set_rows((replace(r, state="destroyed", error="") if r.state != "lost" else r
                             for r in self._snapshot.ranks), phase="shut down", message="")
+            if seen:
+                raise Interrupted("shutdown", phase, "pgnb finished stopping them first: nothing is running")
 
 
 setattr(World.__init__, "__signature__", keywords_signature(World.__init__))  # noqa: B010 - help() shows the options

@@ -28,6 +28,7 @@ from ..core.timeline import timeline
 from ..errors import NOT_STARTED, PgnbError
 from ..spec import WorldSpec, option_fields, parse_ranks
 from .current import current, set_current
+from .guard import ErrorLog, guarded
 from .live import LiveView, TerminalSink
 from .render import render_cell_result
 from .show import ShowView
@@ -73,6 +74,8 @@ class PgMagics(Magics):
         super().__init__(shell)
         #: the newest status view: the only one that follows its world
         self._view: StatusView | None = None
+        #: tracebacks of pgnb's own internal errors in these magics (``%pg_status --debug``)
+        self.errors = ErrorLog()
         #: the ranks that failed in the last %%pg cell (%pg_debug's default)
         self._failed: list[int] = []
 
@@ -95,6 +98,7 @@ class PgMagics(Magics):
 
     # ---- %pg_init ---------------------------------------------------------
     @line_magic
+    @guarded("%pg_init", "starting the world")
     @magic_arguments()
     @_world_options
     @argument("--force", action="store_true", help="tear down whatever exists and start over")
@@ -122,6 +126,7 @@ class PgMagics(Magics):
 
     # ---- %%pg ---------------------------------------------------------------
     @cell_magic
+    @guarded("%%pg", "running the cell on the ranks")
     @magic_arguments()
     @argument("--ranks", "-r", default=None, help="which ranks run the cell: 0 | 0,2 | 1-3 | 0,2-3 (default all)")
     @argument("--timeout", "-t", default=None,
@@ -214,6 +219,7 @@ class PgMagics(Magics):
 
     # ---- %pg_show / %pg_kill ------------------------------------------------
     @line_magic
+    @guarded("%pg_show", "gathering the variable from the ranks")
     @magic_arguments()
     @argument("name", help="the variable on the ranks, e.g. t")
     @argument("--ranks", "-r", default=None, help="which ranks: 0 | 0,2 | 1-3 (default all)")
@@ -230,6 +236,7 @@ class PgMagics(Magics):
         display(ShowView(values))
 
     @line_magic
+    @guarded("%pg_debug", "debugging the rank")
     @magic_arguments()
     @argument("rank", nargs="?", default=None,
               help="the rank to debug (default: the first rank that failed in the last %%pg cell)")
@@ -259,6 +266,7 @@ class PgMagics(Magics):
             raise UsageError(note)
 
     @line_magic
+    @guarded("%pg_kill", "killing the rank's engine")
     @magic_arguments()
     @argument("rank", help="the rank whose engine to kill")
     def pg_kill(self, line: str) -> None:
@@ -276,15 +284,23 @@ class PgMagics(Magics):
 
     # ---- %pg_status / %pg_destroy / %pg_shutdown ----------------------------
     @line_magic
+    @guarded("%pg_status", "asking the ranks")
     @magic_arguments()
+    @argument("--debug", action="store_true",
+              help="also print the tracebacks of pgnb's last internal errors in this kernel (a bug report's)")
     def pg_status(self, line: str) -> None:
         """Display a fresh status view (asks every rank)."""
-        _parse(self.pg_status, line)  # no options: a typo is refused, not ignored
+        args = _parse(self.pg_status, line)  # a typo is refused, not ignored
+        if args.debug:
+            print(self.errors.text())
+            if current() is None:
+                return
         sb = self._world()
         sb.status()
         self._show_view(sb, live=False)
 
     @line_magic
+    @guarded("%pg_destroy", "destroying the process group")
     @magic_arguments()
     def pg_destroy(self, line: str) -> None:
         """destroy_process_group() on every rank; the engines stay for a fast re-init."""
@@ -297,6 +313,7 @@ class PgMagics(Magics):
         display(WorldReport(sb.snapshot()))
 
     @line_magic
+    @guarded("%pg_shutdown", "stopping the engines and the controller")
     @magic_arguments()
     def pg_shutdown(self, line: str) -> None:
         """Destroy the group, then stop the engines and the controller."""

@@ -122,7 +122,9 @@ class ForkEngineSetLauncher(EngineLauncher):  # type: ignore[misc]  # ipyparalle
         self._exited: dict[str, dict[str, Any]] = {}
         self._stopping = False
         self._outputs: dict[str, str] = {}
-        self._exit_statuses: dict[int, int] = {}  # engine pid -> exit status, set by the reader thread
+        self._exit_statuses: dict[int, int] = {}  # engine, nanny or zygote pid -> exit status (reader thread)
+        #: pid of each engine's nanny, by key, when the zygote forks them (``fork_nanny``)
+        self.nanny_pids: dict[str, int] = {}
         #: The zygote's "ready" event: pid, import_seconds, threads (for diagnosis).
         self.zygote_ready: dict[str, Any] = {}
 
@@ -245,12 +247,16 @@ class ForkEngineSetLauncher(EngineLauncher):  # type: ignore[misc]  # ipyparalle
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("event") == "exited":
+            kind = event.get("event")
+            if kind in ("exited", "nanny-exited"):
                 # Known at once, whether or not an event loop runs the callbacks.
                 self._exit_statuses[event["pid"]] = event["exit_code"]
+            elif kind == "nanny-started":
+                self.nanny_pids[str(event["key"])] = int(event["pid"])
             self._events.append(event)
             self._wake()
         code = proc.wait()
+        self._exit_statuses[proc.pid] = code
         self._events.append({"event": "zygote-exited", "exit_code": code})
         self._wake()
 
@@ -268,7 +274,8 @@ class ForkEngineSetLauncher(EngineLauncher):  # type: ignore[misc]  # ipyparalle
             self.loop.add_callback(self._drain)
 
     def exit_status(self, pid: int) -> int | None:
-        """How engine ``pid`` of this set ended (negative: killed by that signal); None if running or unknown.
+        """How engine ``pid`` of this set (or its nanny, or the zygote) ended (negative: killed by that signal);
+        None if running or unknown.
 
         Thread-safe and up to date even when no event loop runs the launcher's callbacks.
         """

@@ -12,7 +12,11 @@ What it owns is proven, never guessed by name: pids recorded with their
 start times, and processes whose environment carries this world's
 ``PGNB_OWNER`` token (set by pgnb on everything it launches).
 
-If the reaper dies too (the whole process group was SIGKILLed, the machine
+A reaper that dies while its owner lives is noticed by the owner's liveness
+watcher and replaced at once (``Reaper.respawn``) by one told everything the
+old one knew.
+
+If the reaper dies with its owner (the whole process group was SIGKILLed, the machine
 ran out of memory), the next ``%pg_init`` sweeps up after it: every cluster
 pgnb starts gets a state file next to ipyparallel's cluster file
 (``security/pgnb-<cluster_id>.json``, 0600) naming its owner (pid and start
@@ -23,6 +27,7 @@ leftovers of pgnb's; nothing else is touched.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -31,6 +36,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import IO, Any
 
@@ -39,12 +45,23 @@ STATE_PREFIX = "pgnb-"
 
 
 class Reaper:
-    """The owner's handle on its reaper process."""
+    """The owner's handle on its reaper process.
+
+    It remembers everything it told the reaper, so that a reaper that died can
+    be replaced at once by one that knows the same (``respawn``): the world
+    keeps running and a later death of the owner still leaves nothing.
+    """
 
     def __init__(self, token: str) -> None:
         self.token = token
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "pgnb.procs.reaper", str(os.getpid()), token],
+        self._lock = threading.Lock()
+        self._told: list[str] = []  # every "pid"/"path"/"cluster" line, to tell a replacement
+        self._released = False
+        self._proc = self._start()
+
+    def _start(self) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pgnb.procs.reaper", str(os.getpid()), self.token],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -56,7 +73,34 @@ class Reaper:
     def pid(self) -> int:
         return self._proc.pid
 
-    def _send(self, line: str) -> None:
+    def exit_status(self, pid: int) -> int | None:
+        """How the reaper ``pid`` ended (negative: the signal), once it has; None otherwise."""
+        proc = self._proc
+        return proc.poll() if proc.pid == pid else None
+
+    def respawn(self) -> int | None:
+        """Start a new reaper that knows all the old one knew (the old one died); its pid, or None once released."""
+        with self._lock:
+            if self._released:
+                return None
+            old = self._proc
+            with contextlib.suppress(Exception):
+                if old.stdin is not None:
+                    old.stdin.close()
+            with contextlib.suppress(Exception):
+                old.wait(timeout=1)  # it is dead: reap it
+            self._proc = self._start()
+            for line in self._told:
+                self._write(line)
+            return self._proc.pid
+
+    def _send(self, line: str, remember: bool = True) -> None:
+        with self._lock:
+            if remember:
+                self._told.append(line)
+            self._write(line)
+
+    def _write(self, line: str) -> None:
         stdin = self._proc.stdin
         if stdin is None or stdin.closed:
             return
@@ -85,7 +129,9 @@ class Reaper:
 
     def release(self) -> None:
         """The owner cleaned up itself: the reaper exits without killing anything."""
-        self._send("release")
+        with self._lock:
+            self._released = True
+            self._write("release")
         self._close()
 
     def _close(self) -> None:

@@ -39,6 +39,8 @@ Zygote to launcher (stdout)::
     {"event": "ready", "pid", "import_seconds", "threads"}
     {"event": "started", "key", "pid"}
     {"event": "exited", "key", "pid", "exit_code"}   # exit_code < 0: killed by -exit_code
+    {"event": "nanny-started", "key", "pid"}          # with fork_nanny: engine ``key``'s nanny
+    {"event": "nanny-exited", "key", "pid", "exit_code"}
     {"event": "error", "message"}
 
 The zygote's own diagnostics go to its stderr, which the launcher points at a
@@ -268,6 +270,7 @@ class Zygote:
                 key = self.nannies.pop(pid)
                 if code:
                     _log(f"nanny {pid} of engine {key} exited with {code}")
+                _send({"event": "nanny-exited", "key": key, "pid": pid, "exit_code": code})
                 continue
             if pid in self.engines:
                 key = self.engines.pop(pid)
@@ -367,6 +370,7 @@ class Zygote:
         if pid == 0:
             self._become_nanny(self.specs[key], payload, pipe_fd)
         self.nannies[pid] = key
+        _send({"event": "nanny-started", "key": key, "pid": pid})
 
     def _become_nanny(self, spec: dict[str, Any], payload: bytes, pipe_fd: int) -> NoReturn:
         def body() -> int:
