@@ -49,6 +49,8 @@ STATE_COLOURS = {
     "destroyed": "#546e7a",
     "lost": "#6a1b9a",
 }
+#: the report's columns: the deterministic ones (no host, pid or timing), as its text form has them
+REPORT_COLUMNS = ("rank", "world", "backend", "device", "state", "error")
 COLUMNS = ("rank", "host", "pid", "device", "backend", "world", "state", "error")
 _WIDTHS = ("6em", "9em", "5em", "5em", "9em", "3.5em", "7em", "auto")
 FINAL_PHASES = ("initialized", "failed", "destroyed", "shut down")
@@ -59,7 +61,11 @@ SUPERSEDED = "a newer view follows this world"
 
 
 class WorldReport:
-    """The outcome of a magic as the notebook keeps it: text table + one-line HTML."""
+    """The outcome of a magic as the notebook keeps it: the text table, and one HTML line that opens on the table.
+
+    The rows are in the HTML too (folded under the line), so a saved notebook reopened without
+    running it, where widgets are not drawn, still shows every rank of every ``%pg_init``.
+    """
 
     def __init__(self, snap: Snapshot) -> None:
         self.snapshot = snap
@@ -75,7 +81,15 @@ class WorldReport:
         colour = STATE_COLOURS["initialized" if snap.initialized == snap.spec.world else "failed"]
         summary = (f"<span style='color:{colour}'>&#9679;</span> <b>pgnb</b> "
                    f"{html.escape(snap.spec.describe())} &mdash; {html.escape(summary_text(snap))}")
-        return {"text/plain": repr(self), "text/html": f"<div class='pgnb-report'>{summary}</div>"}
+        cell = "padding:0 .6em;text-align:left"
+        head = "".join(f"<th style='{cell}'>{c}</th>" for c in REPORT_COLUMNS)
+        rows = "".join(
+            "<tr>" + "".join(f"<td style='{cell}'>{html.escape(v)}</td>" for v in
+                             (str(r.rank), str(r.world_size), r.backend, r.device or "-", r.state, r.error)) + "</tr>"
+            for r in snap.ranks)
+        table = f"<table class='pgnb-report-rows'><tr>{head}</tr>{rows}</table>"
+        return {"text/plain": repr(self), "text/html": (f"<details class='pgnb-report'><summary>{summary}</summary>"
+                                                         f"{table}</details>")}
 
 
 def _close_tree(w: W.Widget) -> None:
