@@ -60,11 +60,11 @@ test: test-venv user-venv
 	IPYTHONDIR=$$(mktemp -d) PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest $(PYTEST_ARGS)
 
 soak: test-venv
-	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py tests/test_busy.py
+	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py tests/test_busy.py tests/test_chaos.py
 
 # docs/reliability.md's table, from a run of the reliability and soak tests
 reliability: test-venv
-	IPYTHONDIR=$$(mktemp -d) $(PY) tests/reliability_table.py --run-slow tests/test_reliability.py tests/test_soak.py
+	IPYTHONDIR=$$(mktemp -d) $(PY) tests/reliability_table.py --run-slow tests/test_reliability.py tests/test_soak.py tests/test_chaos.py
 
 # docs/performance.md's table, from a full run
 bench: test-venv

@@ -23,7 +23,7 @@ from ..procs.reaper import OWNER_ENV, Reaper, cluster_files, kill_all, owned_by_
 from ..rank import engine
 from ..spec import LOCAL_LAUNCHERS
 from .files import private_file
-from .liveness import describe_exit
+from .liveness import STATUS_WAIT, describe_exit
 from .rendezvous import EngineInfo
 
 #: How often the controller pings engines (ms). ipyparallel's 3 s default
@@ -454,8 +454,12 @@ class EnginePool:
         # an engine that dies before all have registered (or one kept from before) makes the wait endless
         dead = [pid for pid in self._launched_engines() if pid not in self._dead_before and not _running(pid)]
         if dead and len(self.client.ids) < n:
+            status, until = None, time.monotonic() + STATUS_WAIT  # the launcher reaps it in a moment
+            while status is None and time.monotonic() < until:
+                status = self.exit_status(dead[0])
+                time.sleep(0.02)
             raise EngineStartError(f"an engine died before all {n} had registered "
-                                   f"({describe_exit(self.exit_status(dead[0]))}); {RECOVER_HINT}")
+                                   f"({describe_exit(status)}); {RECOVER_HINT}")
         sets = list(self.cluster.engines.values())
         if sets and all(_launcher_exited(s) for s in sets):
             output = ""

@@ -297,6 +297,7 @@ class World:
 
     def _init(self, spec: WorldSpec, force: bool) -> World:
         self._step = "checking the running world"
+        self._look()  # a process that died a moment ago decides what can be reused
         if not force and spec == self.spec and self.is_initialized and self._healthy() and all(
             r.state == "initialized" for r in self.status()  # a cell may have destroyed the group
         ):
@@ -421,6 +422,12 @@ class World:
         if self._watcher is None:
             self._watcher = Watcher(self._on_death, self._exit_status, describe=self._describe_death)
         self._watcher.watch(procs, priority=_PRIORITY[kind])
+
+    def _look(self, max_priority: int | None = None) -> None:
+        """A look at the watched processes now, in this thread (the watcher looks only every ``PERIOD`` s)."""
+        watcher = self._watcher
+        if watcher is not None:
+            watcher.look(max_priority)
 
     def _check_dependencies(self) -> None:
         """Called while engines start: stop waiting once a process they need died (and watch new ones)."""
@@ -713,6 +720,7 @@ class World:
     def status(self, timeout: float = STATUS_TIMEOUT) -> list[RankStatus]:
         """Ask every rank what torch says about it; rank order."""
         with self._lock:
+            self._look()
             if self._pool is None or self._pool.client is None or self._broken:
                 self._publish()  # a dead controller's world: every rank is lost, nothing to ask
                 return list(self._snapshot.ranks)
@@ -775,8 +783,7 @@ class World:
         if self._pool is None or self._pool.client is None or not self._ranks:
             raise NotStartedError()
         chosen = list(range(len(self._ranks)) if ranks is None else ranks)
-        if self._watcher is not None:  # a controller killed a moment ago: name it, rather than run into it
-            self._watcher.look(max_priority=_PRIORITY["zygote"])
+        self._look(_PRIORITY["zygote"])  # a controller killed a moment ago: name it, rather than run into it
         if self._broken:  # the cause, not its consequence on every rank
             raise WorldBroken(f"{self._broken}; {RECOVER_HINT}", chosen)
         lost = self.lost_ranks(chosen)
@@ -920,6 +927,7 @@ class World:
     def destroy(self) -> None:
         """``destroy_process_group()`` on every rank; engines stay for a fast re-init."""
         with self._lock:
+            self._look()
             if self._broken:
                 raise WorldBroken(f"{self._broken}; {RECOVER_HINT}", list(range(len(self._ranks))))
             self._step = "destroying the process group"
