@@ -8,6 +8,9 @@ median and minimum over the samples:
   in a tight loop: untraced, traced (``pgnb.rank.tracer.start`` ... ``stop``,
   writing its trace file as ``%%pg --trace`` does), and untraced again after
   the trace. No network, so the difference is the wrapper's own cost.
+* **ops** -- the same world of 1, a loop of small tensor ops (``torch.mm`` of 8x8,
+  no collective): what the dispatch mode that sees functional collectives costs
+  every other op of a traced cell.
 * **world** -- a real 4-rank pgnb world: the same loop in a ``%%pg`` cell run
   plain (``Sandbox.execute``) and traced (``Sandbox.execute(trace=True)``),
   interleaved round by round; each rank times its own loop, the median over
@@ -99,6 +102,43 @@ def wrapper(calls: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def ops(calls: int, rounds: int) -> dict[str, Any]:
+    """Per-op cost of the dispatch mode on ops that are not collectives (a world of 1)."""
+    import torch
+    import torch.distributed as dist
+
+    from pgnb.rank import tracer as _tracer
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    a = torch.ones(8, 8)
+
+    def loop() -> tuple[float, float]:
+        c0, t0 = time.thread_time(), time.perf_counter()
+        for _ in range(calls):
+            torch.mm(a, a)
+        return (time.perf_counter() - t0) / calls, (time.thread_time() - c0) / calls
+
+    tmp = tempfile.mkdtemp(prefix="pgnb-bench-trace-")
+    samples: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+    loop()  # warm-up
+    try:
+        for rnd in range(rounds):
+            samples["off"].append(loop())
+            _tracer.start(tmp, f"bench-ops-{rnd}.jsonl")
+            try:
+                samples["on"].append(loop())
+            finally:
+                _tracer.stop()
+        modes_after = _tracer.active_modes()
+    finally:
+        dist.destroy_process_group()
+        for f in os.listdir(tmp):
+            os.unlink(os.path.join(tmp, f))
+        os.rmdir(tmp)
+    return {"calls_per_sample": calls, **_compare(samples["off"], samples["on"]), "modes_after": modes_after}
+
+
 def _stats(samples: list[tuple[float, float]]) -> dict[str, float]:
     """Microseconds per call: wall (median, min) and this thread's CPU time (median, min)."""
     wall = [w for w, _ in samples]
@@ -142,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", type=int, default=4, help="ranks of the real world (0: skip it)")
     args = parser.parse_args(argv)
     os.environ.setdefault("IPYTHONDIR", tempfile.mkdtemp(prefix="pgnb-bench-"))
-    out = {"wrapper": wrapper(args.calls, args.rounds)}
+    out = {"wrapper": wrapper(args.calls, args.rounds), "ops": ops(args.calls, args.rounds)}
     if args.world:
         out["world"] = world(args.world, max(args.calls // 5, 100), args.rounds)
     print(json.dumps(out))

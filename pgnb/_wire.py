@@ -132,6 +132,7 @@ class TraceRecord(TypedDict, total=False):
     batch: list[Any]  # batch_isend_irecv: [[direction, peer, tensors], ...]
     uneven: bool  # shapes may differ across ranks (all_to_all with splits)
     note: str
+    via: str  # the library call that issued it (``fully_shard unshard of 0``), when the stack tells
     t0: float  # began
     t1: float  # returned
     t2: float  # async work completed

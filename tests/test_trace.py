@@ -106,6 +106,17 @@ def test_offsets_are_corrected_only_when_measured_beyond_their_uncertainty():
     assert [tr.calls[r][0].start for r in (0, 1)] == pytest.approx([1.0, 1.0])
 
 
+def test_the_library_call_that_issued_a_collective_is_named_and_keeps_steps_apart():
+    recs = {r: [*_call(1, "all_gather_into_tensor", 0.0, 0.1, via="fully_shard unshard of 0"),
+                *_call(2, "all_gather_into_tensor", 0.2, 0.3, via="fully_shard unshard of 1")] for r in range(2)}
+    tr = _trace(recs)
+    assert tr.calls[0][0].described() == "all_gather_into_tensor(float32[4]) via fully_shard unshard of 0"
+    lines = tr.summary().splitlines()[1:]
+    assert [re.split(r"\s{2,}", line.strip())[1] for line in lines] == [  # not folded: different callers
+        "all_gather_into_tensor(float32[4]) via fully_shard unshard of 0",
+        "all_gather_into_tensor(float32[4]) via fully_shard unshard of 1"]
+
+
 def test_the_timeline_is_a_png_with_a_deterministic_text():
     tr = _trace({r: _call(1, "all_reduce", 0.0 if r != 2 else 1.0, 1.01) for r in range(4)})
     pic = timeline(tr)
@@ -163,13 +174,27 @@ def test_recorded_sequence_on_every_rank(world):
 
 @pytest.mark.integration
 def test_tracing_off_wraps_nothing(world):
-    check = "import pgnb.rank.tracer as T\n(T.wrapped_names(), id(dist.all_reduce), id(dist.isend))"
+    check = ("import pgnb.rank.tracer as T\n"
+             "(T.wrapped_names(), T.active_modes(), id(dist.all_reduce), id(dist.isend), id(dist.P2POp.__init__))")
     before = world.execute(check).values
     during = world.execute(check, trace=True).values
     after = world.execute(check).values
-    assert all(names == [] for names, *_ in before + after)
-    assert all("all_reduce" in names and "isend" in names for names, *_ in during)
+    assert all(names == [] and modes == 0 for names, modes, *_ in before + after)
+    assert all("all_reduce" in names and "isend" in names and modes == 1 for names, modes, *_ in during)
     assert after == before  # the very same function objects: an untraced call runs no pgnb code
+
+
+@pytest.mark.integration
+def test_names_bound_before_the_trace_and_functional_collectives_are_seen(world):
+    world.execute("from torch.distributed import all_reduce as bound_early")
+    functional = ("funcol = torch.ops._c10d_functional\n"  # what DTensor calls (its Python module is slow to import)
+                  "y = funcol.wait_tensor(funcol.all_reduce(t, 'sum', dist.group.WORLD.group_name))\n")
+    res = world.execute(f"t = torch.ones(3)\nbound_early(t)\n{functional}float(y.sum())", trace=True)
+    assert res.error() is None and res.values == [48.0] * 4
+    tr = res.trace
+    assert tr.ok and re.split(r"\s{2,}", tr.summary().splitlines()[1].strip())[1] == "all_reduce(float32[3], op=SUM) ×2"
+    direct, functional = tr.calls[2]
+    assert not functional.via and functional.async_op and functional.done is not None  # done: when waited for
 
 
 @pytest.mark.integration
@@ -245,6 +270,53 @@ def test_different_collectives_on_real_ranks(world):
                               "(different collectives)")
     assert "raised RuntimeError" in tr.summary()
     assert world.execute("dist.all_reduce(torch.ones(1))").error() is None
+
+
+FSDP_SETUP = """\
+import datetime
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+# a group of all ranks with a short timeout: when a rank skips the step, the others give up by themselves
+# (gloo's connect has that timeout too: the barrier brings the ranks, done importing, to it together)
+dist.barrier()
+g = dist.new_group(list(range(world_size)), timeout=datetime.timedelta(seconds=2))
+mesh = DeviceMesh.from_group(g, "cpu")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+for layer in model:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+FSDP_STEP = "loss = model(torch.ones(2, 4)).sum()\nloss.backward()\nopt.step()\n"
+
+
+@pytest.mark.integration
+def test_an_fsdp2_step_shows_its_all_gathers_and_reduce_scatters_and_a_skipped_step(world, ip):
+    assert world.execute(FSDP_SETUP).error() is None
+    cap, err = pg(ip, "--trace", FSDP_STEP)
+    assert err is None and cap.stderr == ""
+    tr = ip.user_ns["_pg_trace"]
+    assert tr.ok and tr.n_calls == 24
+    group = "group=[0,1,2,3]"
+    expected = [f"all_gather_into_tensor(float32[5], {group}) via fully_shard unshard of 0",
+                f"all_gather_into_tensor(float32[5], {group}) via fully_shard unshard of 1",  # forward
+                f"all_gather_into_tensor(float32[5], {group}) via fully_shard unshard of 1",  # backward
+                f"all_gather_into_tensor(float32[5], {group}) via fully_shard unshard of 0",
+                f"reduce_scatter_tensor(float32[20], op=AVG, {group}) via fully_shard post_backward of 1",
+                f"reduce_scatter_tensor(float32[20], op=AVG, {group}) via fully_shard post_backward of 0"]
+    assert all([c.described() for c in tr.calls[r]] == expected for r in range(4))
+    summary = cap.outputs[0].data["text/plain"]
+    assert summary.startswith("trace of ranks 0-3: 6 calls each, the same on every rank\n")
+    assert f"reduce_scatter_tensor(float32[20], op=AVG, {group}) via fully_shard post_backward of 0" in summary
+
+    skipped = "if rank != 3:\n" + "".join(f"    {line}\n" for line in FSDP_STEP.splitlines())
+    cap, err = pg(ip, "--trace", skipped)
+    assert err is not None  # ranks 0-2 time out in the all-gather rank 3 never joined
+    problems = ip.user_ns["_pg_trace"].problems
+    assert problems[0] == ("mismatch at call #1 on group [0,1,2,3]: rank 3 never called "
+                           "all_gather_into_tensor #1; ranks 0-2 called it")
+    assert world.execute("dist.all_reduce(torch.ones(1))").error() is None  # the world group is fine
 
 
 # ---- last: ranks left stuck, then dead, then recovered ------------------------------------

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._wire import TraceRecord
+from ..rank.cell import clean_message
 from .text import ranks_text
 
 #: A rank "arrived last" only when it came at least this much later than every other
@@ -78,6 +79,7 @@ class Call:
     done: float | None = None  # async: when the work completed
     error: str = ""
     note: str = ""
+    via: str = ""  # the library call that issued it (``fully_shard unshard of 0``); "" when the cell did
     #: filled by matching: seconds this rank waited for the last participant to arrive
     wait: float = 0.0
     #: filled by matching: the collective's number on its group (1-based), or the p2p pair's
@@ -108,6 +110,10 @@ class Call:
         if not self.world:
             parts.append(f"group={_ranks_list(self.group)}")
         return f"{self.op}({', '.join(parts)})"
+
+    def described(self) -> str:
+        """The label, and the library call that issued it when one did."""
+        return f"{self.label()} via {self.via}" if self.via else self.label()
 
     def signature(self) -> tuple[Any, ...]:
         """What every participant of a collective must agree on."""
@@ -166,7 +172,7 @@ def calls_from_records(rank: int, records: list[TraceRecord],
             c = calls[rec["i"]]
             if kind == "e":
                 c.end = float(rec["t1"]) - offset
-                c.error = str(rec.get("err", ""))
+                c.error = clean_message(str(rec.get("err", "")))  # no peer addresses: the text is compared
                 peer = rec.get("peer")  # only recv(src=None) writes one, always a rank
                 if peer is not None:
                     c.peer = int(peer)
@@ -188,6 +194,7 @@ def _call(rank: int, rec: TraceRecord, offset: float) -> Call:
         batch=tuple((str(d), int(p), tensors(t)) for d, p, t in rec.get("batch") or []),
         async_op=bool(rec.get("async")), uneven=bool(rec.get("uneven")),
         start=float(rec["t0"]) - offset if "t0" in rec else None, note=str(rec.get("note", "")),
+        via=str(rec.get("via", "")),
     )
 
 
@@ -275,7 +282,7 @@ class Trace:
             by_sig.setdefault(c.signature(), []).append(r)
         first = next(iter(calls.values()))
         if len(by_sig) > 1:
-            parts = [f"{ranks_text(rs)} called {calls[rs[0]].label()}" for rs in by_sig.values()]
+            parts = [f"{ranks_text(rs)} called {calls[rs[0]].described()}" for rs in by_sig.values()]
             why = _differ(list(calls.values()))
             return head + "; ".join(parts) + (f" ({why})" if why else "")
         name = f"{first.op} #{step.number}"
@@ -410,7 +417,7 @@ class Trace:
         return "\n".join(lines)
 
     def _entry(self, c: Call) -> str:
-        text = c.label()
+        text = c.described()
         if c.error:
             return text + " (raised)"
         if not c.finished:
@@ -429,7 +436,7 @@ class Trace:
             num = f"#{a}" if a == b else f"#{a}-#{b}"
             first = next(iter(run[0].calls.values()))
             count = f" ×{len(run)}" if len(run) > 1 else ""
-            rows.append((num, first.label() + count, _bytes_text(first.nbytes), self._timing(run[0])))
+            rows.append((num, first.described() + count, _bytes_text(first.nbytes), self._timing(run[0])))
             run.clear()
 
         for step in self.steps:
@@ -448,7 +455,7 @@ class Trace:
 
     def _step_key(self, step: Step) -> tuple[Any, ...]:
         first = next(iter(step.calls.values()))
-        return (first.signature(), step.group, step.slowest, all(c.finished for c in step.calls.values()))
+        return (first.signature(), first.via, step.group, step.slowest, all(c.finished for c in step.calls.values()))
 
     def _timing(self, step: Step) -> str:
         if len(step.calls) < 2:
