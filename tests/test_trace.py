@@ -272,6 +272,17 @@ def test_different_collectives_on_real_ranks(world):
     assert world.execute("dist.all_reduce(torch.ones(1))").error() is None
 
 
+@pytest.mark.integration
+def test_ddp_gradient_all_reduce_from_its_cpp_reducer_is_seen(world):
+    code = ("from torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "ddp = DDP(torch.nn.Linear(4, 2))\nddp(torch.ones(2, 4)).sum().backward()")
+    res = world.execute(code, trace=True)
+    assert res.error() is None and res.trace.ok
+    calls = res.trace.calls[1]
+    assert all(c.via == "DDP __init__" for c in calls[:-1])  # its parameters broadcast from rank 0
+    assert calls[-1].described() == "all_reduce(float32[10], op=SUM) via backward"  # the gradient bucket
+
+
 FSDP_SETUP = """\
 import datetime
 from torch.distributed.device_mesh import DeviceMesh

@@ -418,10 +418,12 @@ def _issuer(frame: Any) -> str:
     other code: the cell, or a user's library) and names the innermost one that
     says something: FSDP2's param group and method with the module's name, a
     DTensor redistribution with its placements, a tensor-parallel style's input or
-    output hook, a DTensor op, a pipeline schedule's batch, DDP.
+    output hook, a DTensor op, a pipeline schedule's batch, DDP; else ``backward`` when
+    autograd issued it (DDP's gradient buckets, from its C++ reducer).
     """
     torch_dir = _STATE.get("torch_dir")
     inner = ""
+    during = ""
     steps = 0
     while frame is not None and steps < 80:
         steps += 1
@@ -469,8 +471,10 @@ def _issuer(frame: Any) -> str:
             return _join(f"DDP {name}", inner)
         elif path.endswith("device_mesh.py"):
             return _join(f"DeviceMesh {name}", inner)
+        elif path.endswith(("autograd/graph.py", "autograd/__init__.py")):
+            during = during or "backward"
         frame = frame.f_back
-    return inner
+    return inner or during
 
 
 def _join(outer: str, inner: str) -> str:
