@@ -61,6 +61,7 @@ for _prefix, _run in (("chaos_", "chaos, fixed set"), ("chaos_soak_", "chaos soa
     FIGURES.update({
         f"{_prefix}trials": f"{_run}: trials",
         f"{_prefix}failures": f"{_run}: failed trials",
+        f"{_prefix}forced": f"{_run}: trials after which plain `%pg_init` refused (one line) and `--force` recovered",
         f"{_prefix}kinds": f"{_run}: faults by kind (the process killed, or an interrupt)",
         f"{_prefix}phases": f"{_run}: where the faults landed (an interrupted call's phase; else during or after "
                             "the magic)",

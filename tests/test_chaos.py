@@ -22,7 +22,9 @@ that too). After each trial:
    call ``lost`` has a live engine and a live controller; with no world, no
    process of pgnb's runs;
 3. plain ``%pg_init`` (no ``--force``) gives a working world whose
-   ``all_reduce`` is right.
+   ``all_reduce`` is right; after a kill (not an interrupt) it may instead
+   refuse with one line, naming a death it saw while starting, and then
+   ``%pg_init ... --force`` must give that world (counted as ``forced``).
 
 At the end ``%pg_shutdown`` leaves no process and no file, and so does a
 kernel SIGKILL with a world up, within 10 s.
@@ -110,6 +112,7 @@ class Outcome:
     returned_s: float | None = None  # the magic's return, seconds after the fault
     recovery_s: float = 0.0
     failure: str = ""
+    plain: str = ""  # plain %pg_init's one line, where it refused and --force recovered
 
 
 @dataclass
@@ -192,7 +195,7 @@ class Chaos:
             out.failure = "; ".join(problems)
         t0 = time.monotonic()
         try:
-            self.recover()
+            out.plain = self.recover(force_after_a_kill=trial.fault != "interrupt")
         except AssertionError as e:
             out.failure = (out.failure + "; " if out.failure else "") + f"recovery failed: {e}"
             self.ok(f"%pg_init --world {self.world} --force")  # go on with the next trial
@@ -200,7 +203,8 @@ class Chaos:
         out.recovery_s = round(time.monotonic() - t0, 2)
         self.outcomes.append(out)
         print(f"chaos trial {len(self.outcomes) - 1}: {trial}: {out.fault} -> {out.result[:100]} "
-              f"[return {out.returned_s} s, recovery {out.recovery_s} s]"
+              f"[return {out.returned_s} s, recovery {out.recovery_s} s"
+              + (f", plain %pg_init refused: {out.plain[:80]}" if out.plain else "") + "]"
               + (f" FAILED: {out.failure}" if out.failure else ""), flush=True)
         return out
 
@@ -288,13 +292,24 @@ class Chaos:
                 problems.append(f"rank {rank} shown {state} but a scheduler of its controller is gone")
         return problems
 
-    def recover(self) -> None:
-        """Plain ``%pg_init`` (no --force) must give a working world."""
-        self.ok(f"%pg_init --backend gloo --world {self.world}")
+    def recover(self, force_after_a_kill: bool = False) -> str:
+        """Plain ``%pg_init`` (no --force) gives a working world; "" or, where it may not, its one line.
+
+        After an interrupt it must work. After a kill it may refuse with one line while processes of
+        the world are still dying (a zygote stopping its engines on SIGTERM); then ``--force`` must work.
+        """
+        ex = self.kernel.execute(f"%pg_init --backend gloo --world {self.world}", timeout=300)
+        refused = ""
+        if ex.status != "ok":
+            refused = self._one_line(ex)
+            assert force_after_a_kill and not refused.startswith("NOT ") and not INTERNAL.search(refused), \
+                ("plain %pg_init failed", ex.text())
+            self.ok(f"%pg_init --backend gloo --world {self.world} --force")
         self.up = True
         ex = self.ok(ALL_REDUCE)
         problems = self._all_reduce_right(ex)
         assert not problems, problems
+        return refused
 
     def finish(self) -> None:
         """``%pg_shutdown`` leaves nothing; then a world is started and the kernel SIGKILLed: nothing left."""
@@ -302,7 +317,7 @@ class Chaos:
         self.ok("%pg_shutdown")
         left = k.wait_nothing_left(10)
         assert left == ([], []), f"after %pg_shutdown: {left}"
-        self.recover()
+        assert self.recover() == ""
         k.close(kill=True)
         left = k.wait_nothing_left(10)
         assert left == ([], []), f"after the kernel's SIGKILL: {left}"
@@ -319,6 +334,7 @@ def _summary(outcomes: list[Outcome], record_property, prefix: str) -> list[str]
         where = m.group(1) if m else ("during the magic" if " during" in o.fault else "after the magic")
         phases[where] = phases.get(where, 0) + 1
     returns = [o.returned_s for o in outcomes if o.returned_s is not None]
+    record_property(f"{prefix}forced", sum(bool(o.plain) for o in outcomes))
     record_property(f"{prefix}trials", len(outcomes))
     record_property(f"{prefix}failures", len(failures))
     record_property(f"{prefix}slowest_return_s", max(returns, default=0.0))

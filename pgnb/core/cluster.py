@@ -19,7 +19,16 @@ from urllib.parse import urlparse
 
 from ..errors import RECOVER_HINT, EngineStartError, SpecError
 from ..procs import ipcontroller_config
-from ..procs.reaper import OWNER_ENV, Reaper, cluster_files, kill_all, owned_by_token, sweep, write_state
+from ..procs.reaper import (
+    OWNER_ENV,
+    Reaper,
+    cluster_files,
+    kill_all,
+    owned_by_token,
+    process_running,
+    sweep,
+    write_state,
+)
 from ..rank import engine
 from ..spec import LOCAL_LAUNCHERS
 from .files import private_file
@@ -193,16 +202,6 @@ def _launcher_exited(engine_set: Any) -> bool:
         return bool(proc.status() == psutil.STATUS_ZOMBIE)
     except Exception:  # psutil.NoSuchProcess: reaped already
         return True
-
-
-def _running(pid: int) -> bool:
-    """``pid`` runs (a zombie does not)."""
-    import psutil
-
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
 
 
 def _preload_serializer() -> None:
@@ -403,7 +402,7 @@ class EnginePool:
 
     def ensure_engines(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
         """Grow to at least ``n`` engines (attached clusters cannot grow: say so)."""
-        self._dead_before = {pid for pid in self._launched_engines() if not _running(pid)}
+        self._dead_before = {pid for pid in self._launched_engines() if not process_running(pid)}
         have = len(self.client.ids)
         if have < n and not self.attached:
             self.step = "starting more engines"
@@ -452,7 +451,7 @@ class EnginePool:
         if self.cluster is None:
             return
         # an engine that dies before all have registered (or one kept from before) makes the wait endless
-        dead = [pid for pid in self._launched_engines() if pid not in self._dead_before and not _running(pid)]
+        dead = [pid for pid in self._launched_engines() if pid not in self._dead_before and not process_running(pid)]
         if dead and len(self.client.ids) < n:
             status, until = None, time.monotonic() + STATUS_WAIT  # the launcher reaps it in a moment
             while status is None and time.monotonic() < until:

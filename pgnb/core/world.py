@@ -37,7 +37,7 @@ from ..errors import (
     RankLost,
     WorldBroken,
 )
-from ..procs.reaper import Reaper, kill_all, owned_by_token
+from ..procs.reaper import Reaper, kill_all, owned_by_token, process_running
 from ..rank import engine
 from ..rank.cell import clean_message
 from ..spec import WorldSpec, init_command, keywords_signature
@@ -151,9 +151,11 @@ class World:
         self._kinds: dict[int, str] = {}  # watched pid -> its kind (a key of DEPENDENCIES)
         self._forked: dict[int, tuple[int, int | None]] = {}  # engine pid -> (its zygote's pid, its nanny's pid)
         self._dead_zygotes: dict[int, str] = {}  # zygote pid -> how it died (watcher thread)
+        self._zygotes_before: set[int] = set()  # the zygotes there were when the present init began
         #: one line, set by the watcher thread when a process every rank needs died (controller, scheduler)
         self._broken = ""
         self._step = ""  # what the lifecycle call in progress does now: what an interrupt interrupts
+        self._spec_before = self.spec  # the spec before the init in progress (an interrupted re-init keeps it)
         self._inflight: list[tuple[int, Any]] = []  # the rendezvous' (rank, AsyncResult) while it runs
         self._next_look = 0.0  # when the start-up wait next looks for new controller/zygote processes
         #: ranks still running an earlier cell; every entry point that talks to the ranks asks it first
@@ -317,6 +319,7 @@ class World:
             self._forget_lost()
             if self._snapshot.phase != "destroyed":  # after %pg_destroy there is nothing to destroy
                 self._destroy_ranks(quiet=True)
+        self._spec_before = self.spec
         self.spec = spec
         self._init_world()
         return self
@@ -354,10 +357,20 @@ class World:
                 self._set_rows(rows, phase="destroyed", message=f"{action} interrupted while {phase}; {outcome}")
             else:
                 outcome = f"{kept}; run %pg_init again to make the group"
+                if len(self._snapshot.ranks) != len(self._ranks):  # interrupted before the new ranks were chosen
+                    if self._spec_before.world == len(self._ranks):
+                        self.spec = self._spec_before
+                    self._publish(ranks=self._rank_rows("failed"), spec=self.spec)
                 rows = (replace(r, state="failed", error="interrupted") if r.state != "lost" else r
                         for r in self._snapshot.ranks)
                 self._set_rows(rows, phase="failed", message=f"{action} interrupted while {phase}; {outcome}")
             return Interrupted(action, phase, outcome)
+
+    def _rank_rows(self, state: RankState) -> tuple[RankStatus, ...]:
+        """A row per rank of ``self._ranks`` (the engines the world has now)."""
+        spec, n = self.spec, len(self._ranks)
+        return tuple(RankStatus(r, n, spec.backend, state, host=e.host, pid=e.pid, engine_id=e.engine_id,
+                                launcher_rank=e.launcher_rank) for r, e in enumerate(self._ranks))
 
     def _settle_after_interrupt(self) -> list[int]:
         """Engines kept after an interrupt: stop those stuck in the rendezvous, destroy the group on the others."""
@@ -437,7 +450,7 @@ class World:
             self._watch_pool()
         if self._broken:
             raise WorldBroken(f"{self._broken}; {RECOVER_HINT}", [])
-        dead = next(iter(self._dead_zygotes.values()), "")
+        dead = next((c for z, c in self._dead_zygotes.items() if z not in self._zygotes_before), "")
         if not dead:  # an engine kept from before, lost while new ones start: they would wait for it forever
             dead = next((self._lost[e.pid] for e in list(self._known.values()) if e.pid in self._lost), "")
             dead = dead and f"an engine was lost while the others started ({dead})"
@@ -466,8 +479,8 @@ class World:
             self._on_engine_death(pid, cause)
         elif kind == "nanny":
             engine = next((e for e, (_, n) in self._forked.items() if n == pid), None)
-            if engine is None or engine in self._lost:
-                return  # it ended with its engine, as nannies do
+            if engine is None or engine in self._lost or not process_running(engine):
+                return  # it ended with its engine, as nannies do (the engine's death is reported on its own)
             # without its nanny pgnb cannot interrupt the rank nor hear at once of its death: stop it
             self._stop_watching([engine])
             self._on_engine_death(engine, cause)
@@ -523,7 +536,8 @@ class World:
         started = time.monotonic()
         self._set_rows(self._fresh_rows("starting"), phase="starting engines", message="",
                        engines_up=0, started_at=started, spec=spec, generation=self._snapshot.generation + 1)
-        self._dead_zygotes.clear()  # their engines are lost already; the engines now started are new ones
+        # a zygote of before that dies now costs only its own engines (the lost-engine check sees those)
+        self._zygotes_before = {pid for pid, kind in self._kinds.items() if kind == "zygote"}
         try:
             self._ensure_engines(spec)
             self._meet_new_engines()
@@ -734,6 +748,8 @@ class World:
                    for r, e in enumerate(self._ranks) if e.engine_id in alive and r not in lost and r not in busy}
             deadline = time.monotonic() + timeout
             rows = list(self._snapshot.ranks)
+            if len(rows) != len(self._ranks):  # never expected; a row per rank whatever the snapshot says
+                rows = list(self._rank_rows("failed"))
             for r in range(len(self._ranks)):
                 entry = self.busy.entry(r) if r in busy else None
                 if entry is not None:

@@ -262,6 +262,16 @@ def process_alive(pid: int, started: float) -> bool:
         return False
 
 
+def process_running(pid: int) -> bool:
+    """``pid`` runs now (a zombie does not); for a moment's check, where pid reuse cannot happen yet."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
 def sweep(profile_dir: str) -> list[str]:
     """Clean up after pgnb owners that died uncleanly: kill their processes, remove their files.
 
