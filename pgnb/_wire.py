@@ -188,6 +188,30 @@ class ValueSummary(_ValueSummaryBase, total=False):
     more: int  # a module: parameters left out
 
 
+class ProfileArgs(TypedDict, total=False):
+    """``pgnb.rank.profiler.start``: how to profile a ``%%pg --profile`` cell."""
+
+    memory: bool  # record allocations (peak memory); default True
+
+
+class ProfileSummary(TypedDict, total=False):
+    """``pgnb.rank.profiler.stop``: one rank's profile of a cell (times in microseconds)."""
+
+    ok: bool
+    why: str  # when not ok
+    counts: dict[str, int]  # op name -> calls
+    top: list[list[Any]]  # [[op, calls, self time], ...], most self time first
+    comm_us: float  # in the backend's collectives (gloo:, nccl: spans)
+    collectives: int  # how many such spans
+    compute_us: float  # self time of every other op
+    peak_bytes: int  # the most memory the profiler saw allocated
+    marker_ts: float | None  # the start marker's time in the Chrome trace (its own clock)
+    marker_clock: float  # the same moment on ``pgnb.rank.tracer.clock()``
+    pid: int
+    path: str  # where the rank wrote its Chrome trace (the kernel's directory)
+    trace: dict[str, Any]  # the Chrome trace itself, for a rank on another host
+
+
 def stack_file(stack_dir: str, pid: int) -> str:
     """Where the engine with ``pid`` writes its faulthandler dumps (one 0600 file per engine)."""
     return os.path.join(stack_dir, f"stacks-{pid}.txt")

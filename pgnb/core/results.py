@@ -13,6 +13,7 @@ from typing import Any
 
 from .._wire import CellState
 from ..errors import CellTimeout, RankError, RankLost
+from .profile import Profile
 from .terminal import settle
 from .text import lost_text, one_line, ranks_text
 from .trace import Trace
@@ -76,6 +77,7 @@ class CellResult:
     timeout: float | None = None
     interrupted: bool = False
     trace: Trace | None = None  # when the cell ran with --trace
+    profile: Profile | None = None  # when the cell ran with --profile
 
     @property
     def failed(self) -> list[RankOutput]:

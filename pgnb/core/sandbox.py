@@ -15,8 +15,9 @@ from ..rank import values
 from .cells import NO_INPUT, run_cell
 from .debug import CallbackPrompter, Prompter, post_mortem
 from .live import CallbackSink, LiveSink
+from .profiling import Profiling
 from .recording import Recording
-from .results import CellResult
+from .results import CellInterrupted, CellResult
 from .world import World
 
 
@@ -31,7 +32,7 @@ class Sandbox(World):
     """
 
     def execute(self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None,
-                label: int | None = None, trace: bool = False,
+                label: int | None = None, trace: bool = False, profile: bool | str = False,
                 on_output: Callable[[int, str, Any], None] | None = None, live: LiveSink | None = None,
                 on_input: Callable[[int, str], str | None] | None = None, prompter: Prompter | None = None,
                 pdb: bool = False, no_input: str | None = None) -> CellResult:
@@ -41,6 +42,9 @@ class Sandbox(World):
         running at ``timeout`` are reported with their stacks. Ctrl-C interrupts the
         ranks and raises ``pgnb.CellInterrupted`` (a ``KeyboardInterrupt``).
         ``trace``: record every torch.distributed call into ``result.trace``.
+        ``profile``: run torch.profiler on every rank for the cell; ``result.profile`` summarizes
+        it and names the one Chrome/Perfetto trace file of all ranks (``pgnb-profiles/cell-N.json``
+        for cell ``label`` N, or the path given as ``profile``).
         ``on_output(rank, stream, data)`` is called as the output arrives (stream
         ``"stdout"``/``"stderr"`` with text, ``"display"`` with a mime bundle), from
         this thread, at most ten times a second in all; ``live`` is the general form
@@ -57,11 +61,24 @@ class Sandbox(World):
             prompter = CallbackPrompter(on_input)
         chosen = None if ranks is None else list(ranks)
         recording = None
-        if trace:
+        if trace or profile:
             self.engines_for(chosen)  # refuse before measuring clocks on a busy or lost rank
+        if trace:
             recording = Recording(self, chosen)
-        return run_cell(self, code, ranks=chosen, timeout=timeout, label=label, recording=recording, live=live,
-                        prompter=prompter, post_mortem=pdb, no_input=no_input or NO_INPUT)
+        profiling = None
+        if profile:
+            profiling = Profiling(self, chosen, path=profile if isinstance(profile, str) else None,
+                                  offsets=None if recording is None else recording.offsets, label=label)
+        try:
+            result = run_cell(self, code, ranks=chosen, timeout=timeout, label=label, recording=recording,
+                              live=live, prompter=prompter, post_mortem=pdb, no_input=no_input or NO_INPUT)
+        except CellInterrupted as e:
+            if profiling is not None:
+                e.result.profile = profiling.finish(*_unfinished(e.result))
+            raise
+        if profiling is not None:
+            result.profile = profiling.finish(*_unfinished(result))
+        return result
 
     def debug(self, rank: int, on_input: Callable[[int, str], str | None] | None = None,
               prompter: Prompter | None = None) -> str:
@@ -93,3 +110,9 @@ class Sandbox(World):
         if not (isinstance(name, str) and name.isidentifier()):
             raise SpecError(f"cannot pull {name!r}: give the plain name of a variable on the ranks")
         return self.run(values.pull_value, name, ranks=None if ranks is None else list(ranks), timeout=timeout)
+
+
+def _unfinished(result: CellResult) -> tuple[list[int], list[int]]:
+    """The ranks still running the cell, and the ranks lost: neither can stop its profiler now."""
+    return ([r.rank for r in result.ranks if r.state == "still running"],
+            [r.rank for r in result.ranks if r.state == "lost"])

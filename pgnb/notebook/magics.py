@@ -30,6 +30,7 @@ from ..spec import WorldSpec, option_fields, parse_ranks
 from .current import current, set_current
 from .guard import ErrorLog, guarded
 from .live import LiveView, TerminalSink
+from .profile import ProfileView
 from .render import render_cell_result
 from .show import ShowView
 from .view import REPLACED, SUPERSEDED, StatusView, WorldReport
@@ -139,6 +140,9 @@ class PgMagics(Magics):
     @argument("--trace", action="store_true",
               help="record every torch.distributed call on every rank: show the calls, who waited for whom, "
                    "mismatches, and a timeline (also after --timeout); the trace is kept in _pg_trace")
+    @argument("--profile", action="store_true",
+              help="run torch.profiler on every rank for the cell: a per-rank summary, and one Chrome/Perfetto "
+                   "trace file of all ranks on one clock (pgnb-profiles/cell-N.json); kept in _pg_profile")
     @argument("--pdb", action="store_true",
               help="a rank that raises opens pdb where it raised, in the notebook (like %%pdb on)")
     def pg(self, line: str, cell: str) -> None:
@@ -192,7 +196,7 @@ class PgMagics(Magics):
                 sink = TerminalSink()
             prompter, no_input = _prompter(shell)
             result = sb.execute(cell, ranks=ranks, timeout=timeout, label=shell.execution_count,
-                                trace=args.trace, live=sink, prompter=prompter, pdb=args.pdb,
+                                trace=args.trace, profile=args.profile, live=sink, prompter=prompter, pdb=args.pdb,
                                 no_input=no_input or None)
         except CellInterrupted as e:
             result = e.result
@@ -208,6 +212,9 @@ class PgMagics(Magics):
             shell.user_ns["_pg_trace"] = result.trace
             display(result.trace)
             display(timeline(result.trace))
+        if result.profile is not None:
+            shell.user_ns["_pg_profile"] = result.profile
+            display(ProfileView(result.profile))
         self._failed = [r.rank for r in result.ranks if r.state == "failed"]
         values = result.values
         shell.user_ns["_pg"] = values
