@@ -132,7 +132,8 @@ def summarize(trace: dict[str, Any], prof: Any) -> ProfileSummary:
         if key == MARKER:
             continue
         self_us = float(avg.self_cpu_time_total)
-        if not key.startswith(COMM_OPS) and key != "[memory]":
+        # a user annotation's self time (FSDP::all_gather, ...) is mostly waiting: not computation
+        if not key.startswith(COMM_OPS) and key != "[memory]" and not getattr(avg, "is_user_annotation", False):
             compute_us += self_us
         top.append([key, int(avg.count), self_us])
     top.sort(key=lambda t: (-t[2], t[0]))
