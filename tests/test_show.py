@@ -110,6 +110,12 @@ def test_a_dtensor_is_its_local_shards_with_mesh_placements_and_slices():
     assert odd.text().splitlines()[3].startswith("1!    DTensor float32[4]  [4]    all")
     html = to_html(v)
     assert "<th" in html and ">[2:5]<" in html and html == to_html(v)
+    sliced = RankValues("p", (0, 1, 2, 3), tuple(  # each rank's row of a 2x2 mesh: mesh["tp"]
+        _dt((2,), [float(r)] * 2, [0], (2,), ("Partial(sum)",), mesh=(0, 1) if r < 2 else (2, 3)) for r in range(4)))
+    assert sliced.text().splitlines()[:3] == [
+        "p on ranks 0-3: DTensor float32[2], meshes [0, 1], [2, 3], placements [Partial(sum)]",
+        "rank  local  shard        [0]  [1]",
+        "0     [2]    all partial  0.   0."]
 
 
 def test_a_module_is_one_table_of_parameters_and_shards():

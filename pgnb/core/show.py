@@ -52,11 +52,12 @@ class RankValues:
         return str(row["type"])
 
     def _identity(self, row: ValueSummary) -> str:
-        """What every rank should agree on: the type text, and a DTensor's mesh and placements."""
+        """What every rank should agree on: the type text, and a DTensor's mesh shape and placements
+        (not the mesh's ranks: each rank's slice of a 2-D mesh, ``mesh["tp"]``, holds other ranks)."""
         facts = row.get("dtensor")
         if facts is None:
             return self.type_text(row)
-        return f"{self.type_text(row)} {facts['mesh']} {facts['placements']}"
+        return f"{self.type_text(row)} {_mesh_shape(facts['mesh'])} {facts['dims']} {facts['placements']}"
 
     @property
     def is_dtensor(self) -> bool:
@@ -91,7 +92,7 @@ class RankValues:
         if rows and self.is_dtensor:
             if not all("dtensor" in r for r in rows) or len({self.type_text(r) for r in rows}) > 1:
                 return "types"
-            if len({str(r["dtensor"]["mesh"]) for r in rows}) > 1:
+            if len({(_mesh_shape(r["dtensor"]["mesh"]), str(r["dtensor"]["dims"])) for r in rows}) > 1:
                 return "meshes"
             if len({tuple(r["dtensor"]["placements"]) for r in rows}) > 1:
                 return "placements"
@@ -130,7 +131,8 @@ class RankValues:
             head += f": {diff} differ across ranks (rows marked !)"
         elif rows and self.is_dtensor:
             facts = rows[0]["dtensor"]
-            head += f": {self.type_text(rows[0])}, {_mesh_text(facts['mesh'], facts['dims'])}, " \
+            meshes = list(dict.fromkeys(str(r["dtensor"]["mesh"]) for r in rows))
+            head += f": {self.type_text(rows[0])}, {_mesh_text(meshes, facts['dims'])}, " \
                     f"placements {_list(facts['placements'])}"
         elif rows and self.is_module:
             head += f": {self._module_facts()}"
@@ -287,9 +289,19 @@ def _list(items: Sequence[str]) -> str:
     return f"[{', '.join(items)}]"
 
 
-def _mesh_text(mesh: Any, dims: Sequence[str] | None) -> str:
-    """``mesh [0, 1]``, or ``mesh [[0, 1], [2, 3]] (dp, tp)`` with dimension names."""
-    return f"mesh {mesh}" + (f" ({', '.join(dims)})" if dims else "")
+def _mesh_text(meshes: Sequence[str], dims: Sequence[str] | None) -> str:
+    """``mesh [0, 1]``, or ``mesh [[0, 1], [2, 3]] (dp, tp)`` with dimension names; ``meshes [0, 1], [2, 3] (tp)``
+    when the ranks hold slices of a bigger mesh."""
+    return f"mesh{'es' if len(meshes) > 1 else ''} {', '.join(meshes)}" + (f" ({', '.join(dims)})" if dims else "")
+
+
+def _mesh_shape(mesh: Any) -> tuple[int, ...]:
+    """The shape of a mesh given as nested lists of ranks."""
+    shape: list[int] = []
+    while isinstance(mesh, list):
+        shape.append(len(mesh))
+        mesh = mesh[0] if mesh else None
+    return tuple(shape)
 
 
 def shard_text(local: Sequence[int], facts: Any) -> str:
