@@ -111,7 +111,8 @@ class MarkedKernel(Kernel):
             "    'engines': len(_sb.engine_ids),\n"
             "    'rows': [(r.rank, r.state, r.pid, r.error) for r in _snap.ranks]}))", timeout=60)
         assert ex.status == "ok", ex.text()
-        return json.loads(ex.outputs[-1]["text"])
+        # print's text may come in more than one stream message
+        return json.loads("".join(o["text"] for o in ex.outputs if o["type"] == "stream" and o["name"] == "stdout"))
 
     def kill_pid(self, pid: int, sig: int = signal.SIGKILL) -> bool:
         try:

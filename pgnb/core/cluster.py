@@ -574,7 +574,7 @@ class EnginePool:
         while set(ids) & set(self.client.ids) and time.monotonic() < deadline:
             time.sleep(0.02)
 
-    def stop(self, engine_pids: list[int]) -> None:
+    def stop(self, engine_pids: list[int], grace: float = 1.0) -> None:
         """Stop what pgnb started: every engine at once, then the controller.
 
         An attached cluster is only disconnected: pgnb never stops what it did not start.
@@ -589,7 +589,7 @@ class EnginePool:
             pids += owned_by_token(self.reaper.token)
         if client is not None:
             client.close()
-        kill_all(pids, grace=1.0)  # all at once; ipyparallel would stop them one by one
+        kill_all(pids, grace=grace)  # all at once; ipyparallel would stop them one by one
         with _quiet():
             try:
                 self.cluster.stop_cluster_sync()

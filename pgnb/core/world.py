@@ -341,9 +341,10 @@ class World:
         phase = self._phase()
         with deferred():  # a second Ctrl-C must not cut the cleanup short
             if self._pool is None or fresh:
-                self._stop_pool()
-                outcome = ("pgnb stopped what it had started; nothing is running; run %pg_init to start again"
-                           if fresh else "nothing is running; run %pg_init to start")
+                started = self._pool is not None or self._reaper is not None
+                self._stop_pool(grace=INTERRUPT_SETTLE)  # half started: no need to wait for polite exits
+                outcome = ("pgnb stopped what it had started; " if started else "") + \
+                    "nothing is running; run %pg_init to start again"
                 self._set_rows(self._fresh_rows("failed"), phase="failed",
                                message=f"{action} interrupted while {phase}; {outcome}")
                 return Interrupted(action, phase, outcome)
@@ -956,8 +957,9 @@ class World:
             self._set_rows((replace(r, state="destroyed", error="") if r.state != "lost" else r
                             for r in self._snapshot.ranks), phase="destroyed", message="")
 
-    def _stop_pool(self) -> bool:
-        """Stop everything this world started; True if Ctrl-C was pressed meanwhile (it waits till the end)."""
+    def _stop_pool(self, grace: float = 1.0) -> bool:
+        """Stop everything this world started (SIGTERM, SIGKILL after ``grace`` s); True if Ctrl-C was
+        pressed meanwhile (it waits till the end)."""
         with deferred() as note:
             self._stop_watching()
             pool, self._pool = self._pool, None
@@ -971,7 +973,7 @@ class World:
                         self._destroy_ranks(quiet=True, timeout=2.0)
                         self._pool = None
                 try:
-                    pool.stop([e.pid for e in self._known.values()])
+                    pool.stop([e.pid for e in self._known.values()], grace=grace)
                 except Exception as e:  # a half-started cluster: the sweep below still stops its processes
                     _log.debug("stopping the pool: %s", e)
             if token is not None:  # anything started late (an interrupted start goes on in ipyparallel's thread)
