@@ -50,8 +50,9 @@ from .rendezvous import STORE_FILE, EngineInfo, plans, rank_order, store_bind
 from .stacks import NO_CELL_CODE, dump_stacks
 from .text import lost_text, one_line, ranks_text
 
-#: Extra seconds pgnb waits past torch's own timeout, so torch's clearer error wins when it fires.
-DEADLINE_SLACK = 1.0
+#: Extra seconds pgnb waits past torch's own timeout, so torch's clearer error wins when it fires (2 s: a rank
+#: that gave up at its timeout still has to format and send its error, which takes over a second under load).
+DEADLINE_SLACK = 2.0
 STATUS_TIMEOUT = 5.0
 #: Once a rank is lost, how long the other ranks get to finish on their own before pgnb stops
 #: waiting: they may be blocked in a collective waiting for the lost rank.
