@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import threading
@@ -248,6 +249,7 @@ class EnginePool:
         self.check: Callable[[], None] = lambda: None
         #: engines launched earlier that were dead already when the present wait for engines began
         self._dead_before: set[int] = set()
+        self._schedulers: list[int] | None = None  # as the controller listed them
 
     # ---- start / attach -------------------------------------------------
     def connect(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
@@ -540,8 +542,12 @@ class EnginePool:
         proc = getattr(cluster.controller, "process", None)
         if proc is not None:
             out["controller"].append(proc.pid)
-            with contextlib.suppress(Exception):  # gone, or not started yet
-                out["scheduler"] += [c.pid for c in proc.children(recursive=True)]
+            listed = self._listed_schedulers()
+            if listed is not None:  # the controller's own list (pgnb/procs/ipcontroller_config.py)
+                out["scheduler"] += listed
+            else:
+                with contextlib.suppress(Exception):  # gone, or not started yet
+                    out["scheduler"] += [c.pid for c in proc.children(recursive=True)]
         with contextlib.suppress(Exception):  # the engine sets may change under us
             for engine_set in list(cluster.engines.values()):
                 zygote = getattr(engine_set, "zygote_pid", -1)
@@ -549,6 +555,22 @@ class EnginePool:
                     out["zygote"].append(int(zygote))
                 out["nanny"] += [int(p) for p in dict(getattr(engine_set, "nanny_pids", {})).values()]
         return out
+
+    def _listed_schedulers(self) -> list[int] | None:
+        """The pids the controller listed once it had started its processes (None: not listed yet);
+        the exit status of those that had ended by then is kept for ``exit_status``."""
+        if self._schedulers is None:
+            path = ipcontroller_config.schedulers_path(str(self.cluster.profile_dir), str(self.cluster.cluster_id))
+            try:
+                with open(path) as f:
+                    listed = json.load(f)
+                self._schedulers = [int(p["pid"]) for p in listed]
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+            for p in listed:
+                if p.get("exitcode") is not None:
+                    _record_exit(int(p["pid"]), int(p["exitcode"]))
+        return self._schedulers
 
     def forked_by(self) -> dict[int, tuple[int, int | None]]:
         """``engine pid -> (zygote pid, nanny pid)`` for engines pgnb's fork launcher started."""

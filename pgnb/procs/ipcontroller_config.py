@@ -14,11 +14,22 @@ The filter drops exactly that record (that format, with ``iopub_welcome`` in
 its argument); every other message of the controller, errors included, is
 logged as before. traitlets runs this file in the controller process, so it
 needs nothing of pgnb there; imported as a module it does nothing.
+
+It also tells pgnb which processes are the controller's own (issue 15): once
+the controller has started its schedulers and heart monitor, it writes their
+pids, and the exit status of any that already ended, to
+``log/pgnb-schedulers-<cluster_id>.json`` in the profile (0600). pgnb watches
+them from that list: a scheduler killed while the controller still boots is
+reaped by the controller at once and would otherwise leave no trace, while
+the world it serves stays silently broken.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+from typing import Any
 
 #: the hub's format string for a monitor message it cannot route (ipyparallel/controller/hub.py)
 NO_TOPIC = "Monitor message without topic: %r"
@@ -31,5 +42,45 @@ class IOPubWelcomeFilter(logging.Filter):
         return not (record.msg == NO_TOPIC and "iopub_welcome" in repr(record.args))
 
 
+def schedulers_path(profile_dir: str, cluster_id: str) -> str:
+    """Where the controller of ``cluster_id`` lists its own processes for pgnb."""
+    return os.path.join(profile_dir, "log", f"pgnb-schedulers-{cluster_id}.json")
+
+
+def write_schedulers(app: Any) -> None:
+    """Write the controller's scheduler processes (and heart monitor): name, pid, exit status if ended."""
+    procs = [(str(getattr(c, "name", "")), getattr(c, "launcher", c)) for c in app.children]
+    monitor = getattr(app, "heartmonitor_process", None)
+    if monitor is not None:
+        procs.append(("HeartMonitor", monitor))
+    listed = [{"name": name, "pid": p.pid, "exitcode": p.exitcode} for name, p in procs
+              if getattr(p, "pid", None) is not None]  # threads (use_threads) have no pid: nothing to watch
+    path = schedulers_path(str(app.profile_dir.location), str(app.cluster_id))
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(listed, f)
+    os.replace(path + ".tmp", path)
+
+
+def _list_schedulers_once_started() -> None:
+    """Have ``IPController.start`` list its processes right after starting them (before its loop runs)."""
+    from ipyparallel.controller.app import IPController
+
+    init_signal = IPController.init_signal
+    if getattr(init_signal, "pgnb", False):
+        return
+
+    def listed_then_init_signal(self: Any) -> None:
+        try:
+            write_schedulers(self)
+        except Exception as e:  # pgnb then watches the processes it can see
+            self.log.warning("pgnb: cannot list the controller's processes: %s", e)
+        init_signal(self)
+
+    listed_then_init_signal.pgnb = True  # type: ignore[attr-defined]
+    IPController.init_signal = listed_then_init_signal
+
+
 if "get_config" in globals():  # run by traitlets as a config file: the controller's logger is IPController
     logging.getLogger("IPController").addFilter(IOPubWelcomeFilter())
+    _list_schedulers_once_started()

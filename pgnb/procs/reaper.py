@@ -40,6 +40,8 @@ import threading
 import time
 from typing import IO, Any
 
+from .ipcontroller_config import schedulers_path
+
 OWNER_ENV = "PGNB_OWNER"
 STATE_PREFIX = "pgnb-"
 
@@ -227,6 +229,7 @@ def cluster_files(profile_dir: str, cluster_id: str, logs: bool = True) -> list[
         os.path.join(sec, f"ipcontroller-{cluster_id}-client.json"),
         os.path.join(sec, f"ipcontroller-{cluster_id}-engine.json"),
         os.path.join(log, f"engines{cluster_id}.json"),  # the hub's engine state
+        schedulers_path(profile_dir, cluster_id),  # the controller's list of its processes
         state_path(profile_dir, cluster_id),
     ]
     if logs:
