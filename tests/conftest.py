@@ -118,3 +118,27 @@ def timed(fn, *args):
     t0 = time.monotonic()
     out = fn(*args)
     return (*out, time.monotonic() - t0)
+
+
+def _pgnb_kernel(world: int):
+    """A real Jupyter kernel with pgnb loaded and a gloo world of ``world`` ranks; shut down after the module."""
+    from kernel_util import Kernel
+
+    k = Kernel()
+    assert k.execute("%load_ext pgnb").status == "ok"
+    assert k.execute(f"%pg_init --backend gloo --world {world}").status == "ok"
+    yield k
+    k.execute("%pg_shutdown")
+    k.shutdown()
+
+
+@pytest.fixture(scope="module")
+def kernel4():
+    """A kernel with a world of 4, shared by the requesting module's kernel tests."""
+    yield from _pgnb_kernel(4)
+
+
+@pytest.fixture(scope="module")
+def kernel2():
+    """A kernel with a world of 2, shared by the requesting module's kernel tests."""
+    yield from _pgnb_kernel(2)

@@ -193,18 +193,6 @@ def _release_trials(kernel, how: str, trials: int) -> list[str]:
     return failures
 
 
-@pytest.fixture(scope="module")
-def kernel4():
-    from kernel_util import Kernel
-
-    k = Kernel()
-    assert k.execute("%load_ext pgnb").status == "ok"
-    assert k.execute("%pg_init --backend gloo --world 4").status == "ok"
-    yield k
-    k.execute("%pg_shutdown")
-    k.shutdown()
-
-
 @pytest.mark.integration
 @pytest.mark.kernel
 @pytest.mark.parametrize("how", ["interrupt", "timeout"])

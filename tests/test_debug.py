@@ -54,15 +54,8 @@ def converse(kernel, code: str, answers: list[str], allow_stdin: bool = True, on
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    from kernel_util import Kernel
-
-    k = Kernel()
-    assert k.execute("%load_ext pgnb").status == "ok"
-    assert k.execute("%pg_init --backend gloo --world 2").status == "ok"
-    yield k
-    k.execute("%pg_shutdown")
-    k.shutdown()
+def kernel(kernel2):
+    return kernel2
 
 
 @pytest.mark.kernel

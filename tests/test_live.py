@@ -134,24 +134,12 @@ def _kept(msgs) -> list:
     return out
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    from kernel_util import Kernel
-
-    k = Kernel()
-    assert k.execute("%load_ext pgnb").status == "ok"
-    assert k.execute("%pg_init --backend gloo --world 4").status == "ok"
-    yield k
-    k.execute("%pg_shutdown")
-    k.shutdown()
-
-
 @pytest.mark.integration
 @pytest.mark.kernel
-def test_the_frontend_gets_each_ranks_first_tick_at_once_and_the_kept_output_is_the_same_every_run(kernel):
+def test_the_frontend_gets_each_ranks_first_tick_at_once_and_the_kept_output_is_the_same_every_run(kernel4):
     kept = set()
     for run in range(5):
-        msgs, reply = _run_timed(kernel, "%%pg\n" + TICKS.format(n=10, every=0.5))
+        msgs, reply = _run_timed(kernel4, "%%pg\n" + TICKS.format(n=10, every=0.5))
         assert reply["status"] == "ok"
         end = msgs[-1][0]
         assert end > 4.5
@@ -169,22 +157,22 @@ def test_the_frontend_gets_each_ranks_first_tick_at_once_and_the_kept_output_is_
 
 @pytest.mark.integration
 @pytest.mark.kernel
-def test_the_live_view_shows_a_blocked_rank_waiting_and_collapses_when_the_cell_ends(kernel):
-    msgs, reply = _run_timed(kernel, "%%pg --timeout 7\nif rank == 0:\n    dist.all_reduce(torch.ones(1))\n")
+def test_the_live_view_shows_a_blocked_rank_waiting_and_collapses_when_the_cell_ends(kernel4):
+    msgs, reply = _run_timed(kernel4, "%%pg --timeout 7\nif rank == 0:\n    dist.all_reduce(torch.ones(1))\n")
     assert reply["status"] == "error"
     live = [(t, json.dumps(m["content"])) for t, m in msgs if m["msg_type"].startswith("comm")]
     waiting = [t for t, text in live if "waiting in all_reduce" in text]
     assert waiting and waiting[0] < 5.0
     # the view collapsed to its summary line: lanes closed, one line that says how each rank ended
     assert any("rank 0 still running" in text and "ranks 1-3 finished" in text for _, text in live)
-    released, reply = _run_timed(kernel, "%%pg --ranks 1-3\ndist.all_reduce(torch.ones(1))\n")
+    released, reply = _run_timed(kernel4, "%%pg --ranks 1-3\ndist.all_reduce(torch.ones(1))\n")
     assert reply["status"] == "ok"
 
 
 @pytest.mark.integration
 @pytest.mark.kernel
-def test_a_rank_lost_while_streaming_is_shown_lost_and_what_arrived_is_kept(kernel):
-    msgs, reply = _run_timed(kernel, "%%pg\nimport os, time\nprint('before', rank, flush=True)\ntime.sleep(1.5)\n"
+def test_a_rank_lost_while_streaming_is_shown_lost_and_what_arrived_is_kept(kernel4):
+    msgs, reply = _run_timed(kernel4, "%%pg\nimport os, time\nprint('before', rank, flush=True)\ntime.sleep(1.5)\n"
                                      "if rank == 1:\n    os._exit(1)\nprint('after', rank)\n")
     assert reply["status"] == "error"
     live = [json.dumps(m["content"]) for _, m in msgs if m["msg_type"].startswith("comm")]
@@ -194,7 +182,7 @@ def test_a_rank_lost_while_streaming_is_shown_lost_and_what_arrived_is_kept(kern
                    if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
     assert "[rank 1]\nbefore 1\n" in kept and "before 0\nafter 0\n" in kept
     assert "rank 1 lost" in reply["evalue"]
-    assert _run_timed(kernel, "%pg_init --backend gloo --world 4 --force")[1]["status"] == "ok"
+    assert _run_timed(kernel4, "%pg_init --backend gloo --world 4 --force")[1]["status"] == "ok"
 
 
 # ---- a terminal ------------------------------------------------------------------------------------
