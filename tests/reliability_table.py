@@ -65,7 +65,7 @@ for _prefix, _run in (("chaos_", "chaos, fixed set"), ("chaos_soak_", "chaos soa
         f"{_prefix}kinds": f"{_run}: faults by kind (the process killed, or an interrupt)",
         f"{_prefix}phases": f"{_run}: where the faults landed (an interrupted call's phase; else during or after "
                             "the magic)",
-        f"{_prefix}slowest_return_s": f"{_run}: slowest return of a magic after its fault (s, limit 10)",
+        f"{_prefix}slowest_return_s": f"{_run}: slowest one-line failure of a magic after its fault (s, limit 10)",
         f"{_prefix}slowest_recovery_s": f"{_run}: slowest recovery, plain `%pg_init` and a checked `all_reduce` (s)",
     })
 

@@ -106,6 +106,8 @@ class Watcher:
         self._period = period
         self._procs: dict[int, tuple[float, int]] = {}  # pid -> (start time, priority)
         self._lock = threading.Lock()
+        # one report at a time: once a look returns, every death it saw has been reported, by it or the thread
+        self._reporting = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -150,15 +152,18 @@ class Watcher:
         if not dead or self._stop.is_set():
             return
         dead.sort()
-        statuses = self._statuses([pid for _, pid in dead])
-        for _, pid in dead:
-            if self._stop.is_set():
-                return
-            with self._lock:
-                if self._procs.pop(pid, None) is None:
-                    continue  # unwatched meanwhile (pgnb stopped it on purpose), or reported by the other look
-            with contextlib.suppress(Exception):  # a listener's bug must not end the watch
-                self._on_death(pid, self._describe(pid, statuses.get(pid)))
+        with self._reporting:
+            with self._lock:  # those the other look reported meanwhile are not watched any more
+                dead = [(prio, pid) for prio, pid in dead if pid in self._procs]
+            statuses = self._statuses([pid for _, pid in dead])
+            for _, pid in dead:
+                if self._stop.is_set():
+                    return
+                with self._lock:
+                    if self._procs.pop(pid, None) is None:
+                        continue  # unwatched meanwhile: pgnb stopped it on purpose
+                with contextlib.suppress(Exception):  # a listener's bug must not end the watch
+                    self._on_death(pid, self._describe(pid, statuses.get(pid)))
 
     def _statuses(self, pids: list[int]) -> dict[int, int | None]:
         """Each dead pid's exit status, waiting up to ``STATUS_WAIT`` in all for launchers to reap them."""
