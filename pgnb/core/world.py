@@ -295,6 +295,14 @@ class World:
                 return self._init(spec, force)
             except KeyboardInterrupt:
                 raise self._interrupted("init", fresh=self._pool is not before) from None
+            except PgnbError:
+                raise
+            except Exception as e:  # a bug of pgnb's: no half-made world stays behind it
+                with deferred():
+                    self._stop_pool(grace=INTERRUPT_SETTLE)
+                    self._set_rows(self._fresh_rows("failed"), phase="failed",
+                                   message=f"init failed ({_one_line(e)}); pgnb stopped the engines; {RECOVER_HINT}")
+                raise
             finally:
                 self._step = ""
 
@@ -553,10 +561,6 @@ class World:
             if err is e:
                 raise
             raise err from None
-        pool = self._pool
-        assert pool is not None
-        self._ranks = rank_order([self._known[i] for i in pool.ids()], spec.world,
-                                 use_launcher_rank=not spec.local)
         rows = [RankStatus(r, spec.world, spec.backend, "pending", host=e.host, pid=e.pid,
                            engine_id=e.engine_id, launcher_rank=e.launcher_rank)
                 for r, e in enumerate(self._ranks)]
@@ -590,7 +594,7 @@ class World:
         self._watch_pool()
 
     def _meet_new_engines(self) -> None:
-        """Ask engines not seen before who they are, watch them, import torch on them."""
+        """Ask engines not seen before who they are, watch them, import torch on them; choose the ranks."""
         pool = self._pool
         assert pool is not None
         new = [i for i in pool.ids() if i not in self._known]
@@ -601,6 +605,13 @@ class World:
                 self._known[info.engine_id] = info
             self._watch(infos)
             pool.warm_up(new)
+        spec = self.spec
+        self._ranks = rank_order([self._known[i] for i in pool.ids() if i in self._known], spec.world,
+                                 use_launcher_rank=not spec.local)
+        if len(self._ranks) < spec.world:  # one was lost after it registered (the others would wait for it)
+            self._look()
+            raise EngineStartError(f"only {len(self._ranks)} of the {spec.world} engines are up: one was lost "
+                                   f"while the world started; {RECOVER_HINT}")
 
     def _rendezvous(self, rows: list[RankStatus]) -> None:
         spec, pool = self.spec, self._pool
@@ -635,7 +646,7 @@ class World:
                for e, p in zip(self._ranks, rank_plans, strict=True)]
         self._inflight = list(enumerate(ars))
         deadline = time.monotonic() + spec.timeout + DEADLINE_SLACK
-        pending = set(range(spec.world))
+        pending = set(range(len(ars)))
         lost_since = None
         while pending and time.monotonic() < deadline:
             done = [r for r in pending if ars[r].ready()]
