@@ -299,8 +299,8 @@ class EnginePool:
             preload.join()  # before any apply: both would fill ipyparallel's canning map
         self.step = "connecting to the controller"
         self.check()
-        with _quiet():
-            self.client = self.cluster.connect_client_sync()
+        with _quiet():  # the Client waits up to 10 s for a controller that died meanwhile: check while it waits
+            self.client = self._checked(self.cluster.connect_client_sync)
 
     def make_cluster(self, engines: int = 0) -> Any:
         """The ``ipyparallel.Cluster`` pgnb would start, not started yet.
