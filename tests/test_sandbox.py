@@ -171,3 +171,27 @@ def test_both_local_launchers(launcher):
         assert torch_preloaded == [True, True]
         pids = sb.pids
     assert wait_gone(pids) == []
+
+
+def test_a_ranks_cell_output_is_what_python_printed_outside_pytest_too(tmp_path):
+    """C-level writes to fd 1/2 (torch's C++ logs) stay out of cells in JupyterLab as under nbval.
+
+    ipykernel forwards them unless PYTEST_CURRENT_TEST is set, which nbval's kernels inherit and a
+    user's JupyterLab kernel does not: run the world in a process without it.
+    """
+    import subprocess
+    import sys
+
+    script = tmp_path / "fd.py"
+    script.write_text(
+        "import pgnb\n"
+        "with pgnb.Sandbox(backend='gloo', world=2) as sb:\n"
+        "    r = sb.execute('import os, sys\\nos.write(2, b\"from fd 2\\\\n\"); os.write(1, b\"from fd 1\\\\n\")\\n'\n"
+        "                   'print(\"py out\"); print(\"py err\", file=sys.stderr)')\n"
+        "    print([(x.stdout, x.stderr) for x in r.ranks])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env["IPYTHONDIR"] = str(tmp_path / "ipython")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str([("py out\n", "py err\n")] * 2), proc.stdout

@@ -40,6 +40,7 @@ from .rendezvous import EngineInfo
 #: makes every registration wait up to 3 s; 100 ms is cheap on one machine.
 HEARTBEAT_MS = 100
 ENGINE_START_TIMEOUT = 120.0
+OUT_STREAM = "pgnb.rank.streams.PythonOutStream"  # named, not imported: the engines load it
 #: Engines of local launchers (``pgnb.spec.LOCAL_LAUNCHERS``) are started as soon as the controller
 #: process is (not once it has written its connection files) and read those files themselves,
 #: so a zygote imports torch while the controller boots (~0.6-1 s less per cold start here).
@@ -316,7 +317,8 @@ class EnginePool:
         cfg = Config()
         # every process pgnb launches carries the owner token, so the reaper can prove ownership
         cfg.BaseLauncher.environment = {OWNER_ENV: token, "TORCH_CPP_LOG_LEVEL": "ERROR"}
-        cfg.EngineLauncher.engine_args = ["--log-level=WARN"]
+        # a rank's cell output is what Python printed, wherever the kernel runs (pgnb.rank.streams)
+        cfg.EngineLauncher.engine_args = ["--log-level=WARN", "--IPEngine.out_stream_factory=" + OUT_STREAM]
         early = engines > 0 and self.launcher in LOCAL_LAUNCHERS
         if early:  # the engine polls for the controller's connection file (10 s by default; a loaded machine)
             cfg.EngineLauncher.engine_args.append(f"--IPEngine.wait_for_url_file={ENGINE_START_TIMEOUT:g}")
