@@ -10,6 +10,7 @@ picture is replaced by a one-line note rather than an error.
 from __future__ import annotations
 
 import io
+import math
 import textwrap
 from typing import Any
 
@@ -129,7 +130,8 @@ def _timeline_figure(tr: Trace) -> Any:
             continue
         ys = [ymap[r] for r in step.calls if r in ymap]
         ax.plot([t - origin] * 2, [min(ys) - 0.4, max(ys) + 0.4], color="#444", lw=1, ls="--")
-        ax.text(t - origin, min(ys) - 0.45, f"rank {step.slowest} arrives", fontsize=7, ha="center", va="bottom")
+        ax.text(t - origin, min(ys) - 0.45, f"rank {step.slowest} arrives {_ms(step.gap).lstrip('+')} after the "
+                f"others; {_ms(step.total_wait).lstrip('+')} waited in all ", fontsize=7, ha="right", va="bottom")
     # calls a rank never made
     for step in tr.steps:
         if not step.mismatch:
@@ -152,6 +154,9 @@ def _timeline_figure(tr: Trace) -> Any:
     else:
         ax.set_xlabel("seconds since the cell started (kernel clock)")
     note = _clock_note(tr.offsets)
+    if math.isfinite(tr.noise) and any(s.last is not None for s in tr.steps):
+        # what a straggler must stand out from (pgnb.core.trace: STRAGGLER_RATIO, STRAGGLER_FLOOR)
+        note += f" · timing noise in this cell {_ms(tr.noise).lstrip('+')}"
     ax.set_title(f"pgnb trace: {ranks_text(lanes)} · {note}", fontsize=9, loc="left")
     handles = [Patch(color=colour[op], label=op) for op in ops]
     if any(c.wait > 0 for cs in tr.calls.values() for c in cs):
