@@ -60,7 +60,7 @@ test: test-venv user-venv
 	IPYTHONDIR=$$(mktemp -d) PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest $(PYTEST_ARGS)
 
 soak: test-venv
-	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py tests/test_busy.py tests/test_chaos.py
+	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py tests/test_busy.py tests/test_chaos.py tests/test_trace_under_load.py
 
 # docs/reliability.md's table, from a run of the reliability and soak tests
 reliability: test-venv
