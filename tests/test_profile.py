@@ -120,17 +120,3 @@ def test_a_rank_still_running_has_no_profile_and_its_profiler_stops_when_its_cel
     while world4.busy.still_running([1], world4.engine_ids, world4.client) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert all(not enabled for _, enabled in world4.execute(CHECK).values)
-
-
-@pytest.mark.integration
-def test_profile_path_given_to_the_magic_is_the_file_and_the_text(world4, ip, tmp_path, monkeypatch):
-    """``%%pg --profile PATH``: the text names PATH as given, whatever the cell's number (nbval runs
-    cells without history, so a lesson's cell-N would be cell-1 on replay)."""
-    monkeypatch.chdir(tmp_path)
-    cap, err = pg(ip, "--profile out/step.json --ranks 0,1", "x = torch.randn(8, 8) @ torch.randn(8, 8)")
-    assert err is None and cap.stderr == ""
-    text = cap.outputs[-1].data["text/plain"]
-    assert text.splitlines()[0].startswith("profile of ranks 0, 1: out/step.json (")
-    with open(tmp_path / "out" / "step.json") as f:
-        assert {e["pid"] for e in json.load(f)["traceEvents"] if e.get("name") == "aten::mm"} == {0, 1}
-    assert not (tmp_path / "pgnb-profiles").exists()
