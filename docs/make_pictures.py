@@ -7,9 +7,10 @@ straggler cell of notebook 07 with tracing and saves its timeline
 (``docs/trace_timeline.png``), then shows a tensor whose ranks disagree on the
 shape and screenshots the HTML view in headless Chromium
 (``docs/show_grid.png``; needs playwright and ``/usr/bin/chromium``, or the
-``CHROMIUM`` variable). Then starts a 2-rank world, runs lesson 14's GPipe
-step under ``%%pg --profile`` and draws it with the lesson's own
-``bubble_picture`` (``docs/pipeline_bubble.png``).
+``CHROMIUM`` variable). Then starts a 2-rank world, profiles lesson 14's GPipe
+step a few times as the lesson does, and draws the quickest (the least disturbed
+by other work on the machine) with the lesson's own ``bubble_picture``
+(``docs/pipeline_bubble.png``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 LESSON_14 = os.path.join(HERE, os.pardir, "notebooks", "14_pipeline_parallel.ipynb")
 PICTURES = ("trace_timeline", "show_grid", "pipeline_bubble")
+#: Profiled GPipe steps to choose the picture from: the quickest, on a machine shared with other work.
+BUBBLE_STEPS = 5
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
 STRAGGLER = """\
@@ -124,13 +127,20 @@ def main(names: list[str]) -> int:
             err = sb.execute(PIPELINE).error()
             if err is not None:
                 raise err
-            res = sb.execute(STEP, profile=os.path.join(tmp, "pipeline.json"))
-            if res.error() is not None:
-                raise res.error()
+            best = None  # (seconds, picture): the quickest of a few steps, the least disturbed by other work
+            for i in range(BUBBLE_STEPS):
+                res = sb.execute(STEP, profile=os.path.join(tmp, f"pipeline-{i}.json"))
+                if res.error() is not None:
+                    raise res.error()
+                picture, work = bubble_picture(res.profile.path)  # type: ignore[operator]
+                seconds = (max(e for _, e in work.values()) - min(s for s, _ in work.values())) / 1e6
+                print(f"step {i}: {seconds * 1e3:.0f} ms")
+                if best is None or seconds < best[0]:
+                    best = (seconds, picture)
+            assert best is not None
             print(res.profile.text())
-            picture, _ = bubble_picture(res.profile.path)  # type: ignore[operator]
             with open(os.path.join(HERE, "pipeline_bubble.png"), "wb") as f:
-                f.write(picture.data)
+                f.write(best[1].data)
     return 0
 
 
