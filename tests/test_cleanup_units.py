@@ -13,7 +13,15 @@ import psutil
 from conftest import wait_gone
 
 from pgnb.core.liveness import Watcher, describe_exit
-from pgnb.procs.reaper import OWNER_ENV, cluster_files, process_alive as is_alive, state_path, sweep, write_state
+from pgnb.procs.reaper import (
+    OWNER_ENV,
+    cluster_files,
+    process_alive as is_alive,
+    start_time,
+    state_path,
+    sweep,
+    write_state,
+)
 
 
 def test_describe_exit():
@@ -32,7 +40,7 @@ def test_watcher_reports_each_death_once_with_its_cause():
     deaths = []
     w = Watcher(lambda pid, cause: deaths.append((pid, cause, time.monotonic())), statuses.get, period=0.05)
     try:
-        w.watch({p.pid: psutil.Process(p.pid).create_time() for p in procs})
+        w.watch({p.pid: start_time(psutil.Process(p.pid)) for p in procs})
         w.unwatch([procs[2].pid])  # pgnb stops this one itself: not a loss
         t0 = time.monotonic()
         procs[0].kill()
@@ -45,7 +53,7 @@ def test_watcher_reports_each_death_once_with_its_cause():
         time.sleep(0.2)
         assert [(pid, cause) for pid, cause, _ in deaths] == [(procs[0].pid, "engine killed by SIGKILL")]
         assert deaths[0][2] - t0 < 0.5
-        assert is_alive(procs[1].pid, psutil.Process(procs[1].pid).create_time())
+        assert is_alive(procs[1].pid, start_time(psutil.Process(procs[1].pid)))
         assert not is_alive(procs[1].pid, 1.0)  # a reused pid is not the process we watched
     finally:
         w.stop()
@@ -53,6 +61,22 @@ def test_watcher_reports_each_death_once_with_its_cause():
             p.kill()
             p.wait()
     assert {t for t in __import__("threading").enumerate() if t.name == "pgnb-liveness"} <= before
+
+
+def test_a_stepped_system_clock_kills_no_watched_process(monkeypatch):
+    """psutil's create_time() moves with the boot time the kernel reports, which moves when the clock is
+    stepped (41 s once on a VM here: every pgnb world on it saw its controller 'die'); start_time does not."""
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        started, created = start_time(psutil.Process(proc.pid)), psutil.Process(proc.pid).create_time()
+        stepped = psutil.boot_time() + 41.0
+        monkeypatch.setattr(psutil, "boot_time", lambda: stepped)
+        monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: stepped)
+        assert psutil.Process(proc.pid).create_time() != created  # the step is seen where it used to matter
+        assert is_alive(proc.pid, started)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_sweep_removes_only_what_a_dead_owner_left(tmp_path):

@@ -37,7 +37,7 @@ from ..errors import (
     RankLost,
     WorldBroken,
 )
-from ..procs.reaper import Reaper, kill_all, owned_by_token, process_running
+from ..procs.reaper import Reaper, kill_all, owned_by_token, process_running, start_time
 from ..rank import engine
 from ..rank.cell import clean_message
 from ..spec import WorldSpec, init_command, keywords_signature
@@ -436,7 +436,7 @@ class World:
         procs = {}
         for pid in pids:
             try:
-                procs[pid] = psutil.Process(pid).create_time()
+                procs[pid] = start_time(psutil.Process(pid))
             except psutil.Error:  # already gone: the next look marks it
                 procs[pid] = 0.0
             self._kinds[pid] = kind

@@ -117,7 +117,7 @@ class Reaper:
         try:
             import psutil
 
-            created = psutil.Process(pid).create_time()
+            created = start_time(psutil.Process(pid))
         except Exception:  # gone already, or psutil missing: the token scan still covers it
             return
         self._send(f"pid {pid} {created!r}")
@@ -204,7 +204,7 @@ def write_state(profile_dir: str, cluster_id: str, token: str) -> str:
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     me = psutil.Process()
     state = {"cluster_id": cluster_id, "profile_dir": profile_dir, "token": token,
-             "owner_pid": me.pid, "owner_started": me.create_time()}
+             "owner_pid": me.pid, "owner_started": start_time(me)}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(state, f)
@@ -254,13 +254,33 @@ def remove_cluster_files(state_file: str) -> list[str]:
     return removed
 
 
+def start_time(p: Any) -> float:
+    """When the ``psutil.Process`` ``p`` started, in seconds since boot: what pgnb compares to tell a
+    process from a later one with the same pid.
+
+    Not ``create_time()``: that is boot time + this, and psutil reads the boot time from the kernel
+    (``btime``) at every call, which moves whenever the system clock is stepped (a VM's clock sync
+    moved it by 41 s here), and every watched process would then look dead. On Linux this reads the
+    process's start in clock ticks from ``/proc``, which never changes.
+    """
+    import psutil
+
+    try:
+        with open(f"/proc/{p.pid}/stat") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):  # no /proc (or gone: psutil raises NoSuchProcess below)
+        return float(p.create_time() - psutil.boot_time())
+
+
 def process_alive(pid: int, started: float) -> bool:
-    """The process ``pid`` that started at ``started`` still runs (a zombie or a reused pid does not)."""
+    """The process ``pid`` that started at ``started`` (``start_time``) still runs (a zombie or a reused pid
+    does not)."""
     import psutil
 
     try:
         p = psutil.Process(pid)
-        return bool(abs(p.create_time() - started) < 0.01 and p.status() != psutil.STATUS_ZOMBIE)
+        return bool(abs(start_time(p) - started) < 0.01 and p.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
@@ -344,7 +364,7 @@ def main(argv: list[str]) -> int:
     victims = set(owned_by_token(token))
     for pid, created in pids.items():
         try:
-            if abs(psutil.Process(pid).create_time() - created) < 0.01:
+            if abs(start_time(psutil.Process(pid)) - created) < 0.01:
                 victims.add(pid)
         except psutil.NoSuchProcess:
             pass
