@@ -253,6 +253,47 @@ def test_stack_files_are_private(world):
     assert files and all(stat.S_IMODE(os.stat(os.path.join(d, f)).st_mode) == 0o600 for f in files)
 
 
+THREAD_CHURN = """
+import threading, time
+end, n = time.monotonic() + 4, 0
+while time.monotonic() < end:
+    ts = [threading.Thread(target=sum, args=(range(200),)) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    n += 1
+print("churned", n > 0)
+"""
+
+
+def test_stack_samples_do_not_crash_a_rank_whose_threads_come_and_go(world):
+    """The live view samples a long cell's stack every second; a cell starting threads must survive it.
+
+    Dumping every thread from the signal handler crashed such a rank (SIGSEGV inside faulthandler);
+    only the cell's thread is dumped now, and the kernel signals that thread. Sampled here every 20 ms.
+    """
+    from pgnb.core.stacks import dump_stacks
+
+    done: dict[str, pgnb.CellResult] = {}
+    runner = threading.Thread(target=lambda: done.setdefault("r", world.execute(THREAD_CHURN, timeout=60)))
+    runner.start()
+    time.sleep(0.5)
+    wheres: set[str] = set()
+    samples = 0
+    while runner.is_alive():
+        stacks = dump_stacks(dict(enumerate(world.rank_infos)), world.scratch_dir, THREAD_CHURN)
+        wheres |= {s.blocked_in for s in stacks.values() if s.blocked_in}
+        samples += 1
+        time.sleep(0.02)
+    runner.join()
+    result = done["r"]
+    assert samples > 20, samples
+    assert [(r.state, r.stdout) for r in result.ranks] == [("finished", "churned True\n")] * 4, result.ranks
+    assert wheres, "no sample showed the cell's own frames"  # the dumps are of the thread running the cell
+    assert world.status() and {r.state for r in world.status()} == {"initialized"}
+
+
 def test_init_command_repeats_the_options():
     spec = pgnb.WorldSpec.validate(world=4)
     assert init_command(spec) == "%pg_init --backend gloo --world 4 --force"

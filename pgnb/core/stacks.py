@@ -11,6 +11,7 @@ no line number or source line, which change with every torch release.
 
 from __future__ import annotations
 
+import ctypes
 import linecache
 import os
 import re
@@ -19,6 +20,7 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .._wire import stack_file
 from ..rank import tracer
@@ -50,6 +52,31 @@ class Stack:
     note: str = ""  # why there are no frames
 
 
+def signal_main_thread(pid: int, sig: int) -> None:
+    """Send ``sig`` to the main thread of process ``pid`` (tgkill), where the rank runs its cell.
+
+    A rank dumps only the thread that takes the signal; a signal sent to the process may be taken
+    by any of its threads. Without tgkill (no glibc 2.30), the process gets it, as kill(2) does.
+    """
+    if _tgkill is None:
+        os.kill(pid, sig)
+    elif _tgkill(pid, pid, sig) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _load_tgkill() -> Any:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).tgkill
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int)
+    return fn
+
+
+_tgkill = _load_tgkill()
+
+
 def is_local(info: EngineInfo) -> bool:
     return info.host == socket.gethostname()
 
@@ -71,7 +98,7 @@ def dump_stacks(infos: Mapping[int, EngineInfo], stack_dir: str, code: str = "")
             continue
         size = os.path.getsize(path)
         try:
-            os.kill(info.pid, signal.SIGUSR1)
+            signal_main_thread(info.pid, signal.SIGUSR1)
         except OSError:
             out[r] = Stack(note="the engine process is gone")
             continue
@@ -117,7 +144,7 @@ def trim_stack(dump: str, code: str = "") -> tuple[list[str], str]:
     """
     threads: list[list[tuple[str, int, str]]] = []
     for line in dump.splitlines():
-        if line.startswith(("Thread 0x", "Current thread 0x")):
+        if line.startswith(("Thread 0x", "Current thread 0x", "Stack (most recent call first)")):
             threads.append([])
             continue
         m = _FRAME.match(line)

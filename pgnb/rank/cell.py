@@ -22,10 +22,15 @@ _STATE: dict[str, Any] = {}
 
 
 def enable_stack_dumps(stack_dir: str | None) -> str | None:
-    """Dump every thread's Python stack into a 0600 file on SIGUSR1.
+    """Dump the cell's Python stack into a 0600 file on SIGUSR1.
 
     faulthandler writes from a C signal handler, so the dump works while the
     main thread is blocked inside a gloo collective (which ignores SIGINT).
+    Only the thread that takes the signal is dumped (the kernel sends it to the
+    main thread, which runs the cell): walking every thread from a signal
+    handler crashes the rank when a thread starts or ends meanwhile (seen as a
+    SIGSEGV in faulthandler while a cell imported torch.distributed.tensor and
+    the live view sampled its stack every second).
     ``stack_dir`` is a 0700 directory the kernel made; on another host it does
     not exist and the rank simply has no dumps. Idempotent.
     """
@@ -41,7 +46,7 @@ def enable_stack_dumps(stack_dir: str | None) -> str | None:
         return None
     old = _STATE.pop("stack_file", None)
     _STATE["stack_file"] = f = os.fdopen(fd, "w")
-    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
+    faulthandler.register(signal.SIGUSR1, file=f, all_threads=False, chain=False)
     if old is not None:
         old.close()
     _STATE["stack_path"] = path
