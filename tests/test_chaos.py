@@ -29,8 +29,8 @@ that too). After each trial:
 At the end ``%pg_shutdown`` leaves no process and no file, and so does a
 kernel SIGKILL with a world up, within 10 s.
 
-``make test`` runs ``FIXED`` (12 trials, every action and every kind of
-fault); ``make soak`` runs ``SOAK_TRIALS`` seeded random trials. Trial ``i``
+``make test`` runs ``FIXED`` (8 trials, every action, every kind of
+fault and both signals); ``make soak`` runs ``SOAK_TRIALS`` seeded random trials. Trial ``i``
 of seed ``s`` draws from ``random.Random(f"{s}-{i}")``: rerun one with
 ``PGNB_CHAOS_SEED=s PGNB_CHAOS_ONLY=i pytest --run-slow tests/test_chaos.py -k soak``
 (``PGNB_CHAOS_ONLY`` picks from the fixed set too).
@@ -91,16 +91,12 @@ K, T = int(signal.SIGKILL), int(signal.SIGTERM)
 FIXED = [
     Trial("cold_init", "interrupt", 0, 0.8),
     Trial("cold_init", "controller", K, 1.0),
-    Trial("cold_init", "zygote", T, 1.5),
+    Trial("force", "zygote", T, 1.5),
     Trial("all_reduce", "engine", K, 0.1),
-    Trial("all_reduce", "controller", T, 0.1),
     Trial("reinit", "nanny", K, 2.0),
     Trial("reinit", "interrupt", 0, 0.1),
-    Trial("destroy", "scheduler", K, 0.05),
-    Trial("destroy", "interrupt", 0, 0.05),
+    Trial("destroy", "scheduler", T, 0.05),
     Trial("shutdown", "reaper", K, 0.1),
-    Trial("force", "engine", T, 3.0),
-    Trial("force", "reaper", T, 1.0),
 ]
 
 
@@ -372,7 +368,7 @@ def _run(trials: list[Trial], record_property, prefix: str) -> None:
 
 @pytest.mark.timeout(1200)
 def test_chaos_fixed_trials(record_property):
-    """Chaos, a fixed set of 12 trials in one kernel: each action (cold `%pg_init`, re-init with another world size,
+    """Chaos, a fixed set of 8 trials in one kernel: each action (cold `%pg_init`, re-init with another world size,
     a `%%pg` all_reduce, `%pg_destroy`, `%pg_shutdown`, `--force`) with SIGKILL or SIGTERM to one process pgnb started
     (controller, scheduler, zygote, nanny, engine, reaper) or a kernel interrupt, at a set moment: the magic returns
     within 10 s of the fault with success or a one-line `UsageError` (never an internal error), `%pg_status` agrees

@@ -14,8 +14,8 @@ communication vs computation, peak memory) are in its HTML
 
 from __future__ import annotations
 
+import itertools
 import os
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +29,16 @@ PROFILE_DIR = "pgnb-profiles"
 MOST_CALLED = 3
 
 
-def default_path(label: int | None) -> str:
-    """``pgnb-profiles/cell-12.json`` for notebook cell 12 (the same on every replay of the notebook)."""
-    name = f"cell-{label}.json" if label is not None else f"profile-{uuid.uuid4().hex[:8]}.json"
-    return os.path.join(PROFILE_DIR, name)
+_profiled = itertools.count(1)
+
+
+def default_path() -> str:
+    """``pgnb-profiles/profile-3.json`` for the third profiled cell since the kernel started.
+
+    The same on every run of a notebook from a fresh kernel, nbval's replays included (a cell's
+    execution count is not: nbval runs cells without history, so every count is 1 there).
+    """
+    return os.path.join(PROFILE_DIR, f"profile-{next(_profiled)}.json")
 
 
 @dataclass

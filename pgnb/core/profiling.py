@@ -30,10 +30,10 @@ class Profiling:
     """One profiled cell: offsets measured and profilers started (on creation), then ``finish``."""
 
     def __init__(self, world: World, ranks: Iterable[int] | None = None, path: str | None = None,
-                 offsets: dict[int, ClockOffset] | None = None, label: int | None = None) -> None:
+                 offsets: dict[int, ClockOffset] | None = None) -> None:
         self.world = world
         self.ranks = list(range(len(world.engine_ids))) if ranks is None else list(ranks)
-        self.path = path or default_path(label)
+        self.path = path or default_path()
         self.offsets = offsets if offsets is not None else measure_offsets(world, self.ranks)
         self.token = uuid.uuid4().hex[:12]
         world.run(profiler.start, {}, ranks=self.ranks)

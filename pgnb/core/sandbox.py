@@ -43,8 +43,8 @@ class Sandbox(World):
         ranks and raises ``pgnb.CellInterrupted`` (a ``KeyboardInterrupt``).
         ``trace``: record every torch.distributed call into ``result.trace``.
         ``profile``: run torch.profiler on every rank for the cell; ``result.profile`` summarizes
-        it and names the one Chrome/Perfetto trace file of all ranks (``pgnb-profiles/cell-N.json``
-        for cell ``label`` N, or the path given as ``profile``).
+        it and names the one Chrome/Perfetto trace file of all ranks (``pgnb-profiles/profile-N.json``
+        for the N-th profiled cell since the kernel started, or the path given as ``profile``).
         ``on_output(rank, stream, data)`` is called as the output arrives (stream
         ``"stdout"``/``"stderr"`` with text, ``"display"`` with a mime bundle), from
         this thread, at most ten times a second in all; ``live`` is the general form
@@ -68,7 +68,7 @@ class Sandbox(World):
         profiling = None
         if profile:
             profiling = Profiling(self, chosen, path=profile if isinstance(profile, str) else None,
-                                  offsets=None if recording is None else recording.offsets, label=label)
+                                  offsets=None if recording is None else recording.offsets)
         try:
             result = run_cell(self, code, ranks=chosen, timeout=timeout, label=label, recording=recording,
                               live=live, prompter=prompter, post_mortem=pdb, no_input=no_input or NO_INPUT)

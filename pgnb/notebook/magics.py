@@ -142,7 +142,8 @@ class PgMagics(Magics):
                    "mismatches, and a timeline (also after --timeout); the trace is kept in _pg_trace")
     @argument("--profile", action="store_true",
               help="run torch.profiler on every rank for the cell: a per-rank summary, and one Chrome/Perfetto "
-                   "trace file of all ranks on one clock (pgnb-profiles/cell-N.json); kept in _pg_profile")
+                   "trace file of all ranks on one clock (pgnb-profiles/profile-N.json for the N-th profiled cell); "
+                   "kept in _pg_profile")
     @argument("--pdb", action="store_true",
               help="a rank that raises opens pdb where it raised, in the notebook (like %%pdb on)")
     def pg(self, line: str, cell: str) -> None:
