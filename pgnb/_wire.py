@@ -213,5 +213,10 @@ class ProfileSummary(TypedDict, total=False):
 
 
 def stack_file(stack_dir: str, pid: int) -> str:
-    """Where the engine with ``pid`` writes its faulthandler dumps (one 0600 file per engine)."""
+    """Where the engine with ``pid`` writes its stack dumps (one 0600 file per engine)."""
     return os.path.join(stack_dir, f"stacks-{pid}.txt")
+
+
+def stack_socket(stack_dir: str, pid: int) -> str:
+    """Where the engine with ``pid`` takes stack requests (a Unix datagram socket, 0600)."""
+    return os.path.join(stack_dir, f"stacks-{pid}.sock")

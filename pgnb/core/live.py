@@ -10,7 +10,7 @@ rank's state to a ``LiveSink``: the notebook's live view, a terminal's
 
 Which ``torch.distributed`` call a rank waits in comes from sampling: a rank
 that has run longer than ``SAMPLE_AFTER`` seconds is asked for its Python
-stack (the faulthandler dump ``--timeout`` uses) every ``SAMPLE_EVERY``
+stack (the dump ``--timeout`` uses, ``pgnb.rank.stacks``) every ``SAMPLE_EVERY``
 seconds. Nothing on the rank is wrapped.
 
 What the notebook keeps of a rank's stream is ``pgnb.core.terminal.settle``'s form.

@@ -1,8 +1,8 @@
 """Where a rank that is still running is blocked: its Python stack, trimmed to the cell.
 
-Every engine registered ``faulthandler`` on SIGUSR1 into a 0600 file in a
-0700 directory the world owns (``pgnb.rank.cell.enable_stack_dumps``). A C
-signal handler answers even while the rank is blocked inside a gloo
+Every engine answers stack requests on a Unix socket, into a 0600 file, both
+in a 0700 directory the world owns (``pgnb.rank.stacks``). A thread of the
+rank answers, so it does even while the rank is blocked inside a gloo
 collective (which ignores SIGINT). The stack is trimmed to the frames that
 matter: the cell's own code and what it called. Library frames are shown as
 tracebacks show them (``pgnb.rank.cell.plain_traceback``): file and function,
@@ -11,23 +11,20 @@ no line number or source line, which change with every torch release.
 
 from __future__ import annotations
 
-import ctypes
 import linecache
 import os
 import re
-import signal
 import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from .._wire import stack_file
+from .._wire import stack_file, stack_socket
 from ..rank import tracer
 from ..rank.cell import short_path
 from .rendezvous import EngineInfo
 
-#: Seconds to wait for a rank's faulthandler dump to be written.
+#: Seconds to wait for a rank's stack dump to be written.
 STACK_WAIT = 1.0
 #: Frames shown at most per stuck rank (innermost kept).
 STACK_FRAMES = 12
@@ -52,31 +49,6 @@ class Stack:
     note: str = ""  # why there are no frames
 
 
-def signal_main_thread(pid: int, sig: int) -> None:
-    """Send ``sig`` to the main thread of process ``pid`` (tgkill), where the rank runs its cell.
-
-    A rank dumps only the thread that takes the signal; a signal sent to the process may be taken
-    by any of its threads. Without tgkill (no glibc 2.30), the process gets it, as kill(2) does.
-    """
-    if _tgkill is None:
-        os.kill(pid, sig)
-    elif _tgkill(pid, pid, sig) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def _load_tgkill() -> Any:
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).tgkill
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int)
-    return fn
-
-
-_tgkill = _load_tgkill()
-
-
 def is_local(info: EngineInfo) -> bool:
     return info.host == socket.gethostname()
 
@@ -88,22 +60,23 @@ def dump_stacks(infos: Mapping[int, EngineInfo], stack_dir: str, code: str = "")
     """
     out: dict[int, Stack] = {}
     asked: dict[int, tuple[str, int]] = {}
-    for r, info in infos.items():
-        path = stack_file(stack_dir, info.pid)
-        if not is_local(info):
-            out[r] = Stack(note=f"it runs on host {info.host}")
-            continue
-        if not os.path.exists(path):  # not registered: SIGUSR1 would kill the engine
-            out[r] = Stack(note="the engine has no stack dumps enabled")
-            continue
-        size = os.path.getsize(path)
-        try:
-            signal_main_thread(info.pid, signal.SIGUSR1)
-        except OSError:
-            out[r] = Stack(note="the engine process is gone")
-            continue
-        asked[r] = (path, size)
-    # faulthandler writes the whole dump from its signal handler at once; wait until the file stops growing
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as asker:
+        for r, info in infos.items():
+            path = stack_file(stack_dir, info.pid)
+            if not is_local(info):
+                out[r] = Stack(note=f"it runs on host {info.host}")
+                continue
+            if not os.path.exists(path):
+                out[r] = Stack(note="the engine has no stack dumps enabled")
+                continue
+            size = os.path.getsize(path)
+            try:
+                asker.sendto(b"?", stack_socket(stack_dir, info.pid))
+            except OSError:
+                out[r] = Stack(note="the engine process is gone")
+                continue
+            asked[r] = (path, size)
+    # the rank writes its whole dump at once; wait until the file stops growing
     deadline = time.monotonic() + STACK_WAIT
     dumps: dict[int, str] = {}
     seen: dict[int, str] = {}
@@ -135,7 +108,7 @@ def _read_from(path: str, offset: int) -> str:
 
 
 def trim_stack(dump: str, code: str = "") -> tuple[list[str], str]:
-    """The cell's frames from a faulthandler dump, most recent call last, and where it is blocked.
+    """The cell's frames from a stack dump (faulthandler's layout), most recent call last, and where it is blocked.
 
     The thread running the cell is the one with IPython's ``run_code`` frame;
     the frames above it (IPython, ipykernel, ipyparallel) are dropped. The

@@ -12,45 +12,14 @@ import re
 import sys
 from typing import Any
 
-from .._wire import CellError, CellReply, DebugArgs, PackedValue, TraceArgs, stack_file
+from .._wire import CellError, CellReply, DebugArgs, PackedValue, TraceArgs
 from . import debug as rank_debug
+from .stacks import enable_stack_dumps
 from .values import to_cpu
 
 #: Last-expression values bigger than this stay on the rank (``_pg`` gets a stand-in).
 VALUE_LIMIT = 64 * 2**20
 _STATE: dict[str, Any] = {}
-
-
-def enable_stack_dumps(stack_dir: str | None) -> str | None:
-    """Dump the cell's Python stack into a 0600 file on SIGUSR1.
-
-    faulthandler writes from a C signal handler, so the dump works while the
-    main thread is blocked inside a gloo collective (which ignores SIGINT).
-    Only the thread that takes the signal is dumped (the kernel sends it to the
-    main thread, which runs the cell): walking every thread from a signal
-    handler crashes the rank when a thread starts or ends meanwhile (seen as a
-    SIGSEGV in faulthandler while a cell imported torch.distributed.tensor and
-    the live view sampled its stack every second).
-    ``stack_dir`` is a 0700 directory the kernel made; on another host it does
-    not exist and the rank simply has no dumps. Idempotent.
-    """
-    import faulthandler
-    import signal
-
-    path = None if stack_dir is None else stack_file(stack_dir, os.getpid())
-    if path is None or _STATE.get("stack_path") == path:
-        return _STATE.get("stack_path")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-    except OSError:
-        return None
-    old = _STATE.pop("stack_file", None)
-    _STATE["stack_file"] = f = os.fdopen(fd, "w")
-    faulthandler.register(signal.SIGUSR1, file=f, all_threads=False, chain=False)
-    if old is not None:
-        old.close()
-    _STATE["stack_path"] = path
-    return path
 
 
 def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
