@@ -203,6 +203,8 @@ def test_timeout_names_the_stuck_rank_and_where_it_is_blocked(world, ip):
 
 
 def _interrupt_soon(delay: float) -> threading.Timer:
+    # a shell starts a background job (`make test &`) with SIGINT ignored: be the terminal's Ctrl-C again
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     return timer
