@@ -76,19 +76,16 @@ def dump_stacks(infos: Mapping[int, EngineInfo], stack_dir: str, code: str = "")
                 out[r] = Stack(note="the engine process is gone")
                 continue
             asked[r] = (path, size)
-    # the rank writes its whole dump at once; wait until the file stops growing
+    # the rank writes its whole dump in one write, ending in a blank line (pgnb.rank.stacks.dump_text)
     deadline = time.monotonic() + STACK_WAIT
     dumps: dict[int, str] = {}
-    seen: dict[int, str] = {}
     while asked.keys() - dumps.keys() and time.monotonic() < deadline:
-        time.sleep(0.02)
+        time.sleep(0.01)
         for r, (path, size) in asked.items():
             if r not in dumps:
                 text = _read_from(path, size)
-                if text and text == seen.get(r):
+                if text.endswith("\n\n"):
                     dumps[r] = text
-                seen[r] = text
-    dumps.update({r: t for r, t in seen.items() if r not in dumps and t})
     for r in asked:
         if r in dumps:
             frames, where = trim_stack(dumps[r], code)
