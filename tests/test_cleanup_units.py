@@ -79,6 +79,30 @@ def test_a_stepped_system_clock_kills_no_watched_process(monkeypatch):
         proc.wait()
 
 
+def test_process_alive_reads_proc_once_and_agrees_with_psutil():
+    """The fast path (one read of /proc/PID/stat) and psutil's answer agree: a live process, one whose pid
+    has a different start (reused), a zombie nobody reaped yet, and a pid that is gone."""
+    from pgnb.procs import reaper
+
+    live = subprocess.Popen(["sleep", "60"])
+    zombie = subprocess.Popen(["true"])
+    try:
+        started = start_time(psutil.Process(live.pid))
+        zombie_started = start_time(psutil.Process(zombie.pid))
+        deadline = time.monotonic() + 5
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        cases = [(live.pid, started, True), (live.pid, started + 5.0, False), (zombie.pid, zombie_started, False)]
+        for pid, when, alive in cases:
+            assert is_alive(pid, when) is alive, (pid, when)
+            assert reaper._process_alive_psutil(pid, when) is alive, (pid, when)
+        zombie.wait()
+        assert not is_alive(zombie.pid, zombie_started) and not reaper._process_alive_psutil(zombie.pid, zombie_started)
+    finally:
+        live.kill()
+        live.wait()
+
+
 def test_sweep_removes_only_what_a_dead_owner_left(tmp_path):
     profile = str(tmp_path / "profile_default")
     # a dead owner: its state file names a process that is gone, and one of its processes lives on

@@ -254,6 +254,24 @@ def remove_cluster_files(state_file: str) -> list[str]:
     return removed
 
 
+def _proc_stat(pid: int) -> tuple[str, float] | None:
+    """``(state, start)`` of ``pid`` from one read of ``/proc/PID/stat`` (start in seconds since boot),
+    or None when there is no such process. Raises ``OSError`` where there is no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        if _HAS_PROC:
+            return None
+        raise
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return fields[0].decode(), int(fields[19]) / _CLK_TCK
+
+
+_HAS_PROC = os.path.isdir("/proc/self")
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
 def start_time(p: Any) -> float:
     """When the ``psutil.Process`` ``p`` started, in seconds since boot: what pgnb compares to tell a
     process from a later one with the same pid.
@@ -266,21 +284,32 @@ def start_time(p: Any) -> float:
     import psutil
 
     try:
-        with open(f"/proc/{p.pid}/stat") as f:
-            stat = f.read()
-        return int(stat[stat.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):  # no /proc (or gone: psutil raises NoSuchProcess below)
+        stat = _proc_stat(p.pid)
+    except (OSError, ValueError, IndexError):  # no /proc: psutil's answer (it raises if the process is gone)
         return float(p.create_time() - psutil.boot_time())
+    if stat is None:
+        raise psutil.NoSuchProcess(p.pid)
+    return stat[1]
 
 
 def process_alive(pid: int, started: float) -> bool:
     """The process ``pid`` that started at ``started`` (``start_time``) still runs (a zombie or a reused pid
-    does not)."""
+    does not). One read of ``/proc`` on Linux: the liveness watcher and every magic's look call it for
+    each process of the world."""
+    try:
+        stat = _proc_stat(pid)
+    except (OSError, ValueError, IndexError):
+        return _process_alive_psutil(pid, started)
+    return stat is not None and stat[0] not in ("Z", "X") and abs(stat[1] - started) < 0.01
+
+
+def _process_alive_psutil(pid: int, started: float) -> bool:
     import psutil
 
     try:
         p = psutil.Process(pid)
-        return bool(abs(start_time(p) - started) < 0.01 and p.status() != psutil.STATUS_ZOMBIE)
+        return bool(abs(float(p.create_time() - psutil.boot_time()) - started) < 0.01
+                    and p.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
