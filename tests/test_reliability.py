@@ -161,11 +161,11 @@ def test_fault_idle_rank_killed(whole, ip, record_property):
     try:
         victim = sb.rank_infos[1].pid
         os.kill(victim, signal.SIGKILL)
-        latency = wait_until(lambda: "pgnb-is-lost" in view._row_widgets[1]._dom_classes, 2.0)
+        latency = wait_until(lambda: "pgnb-is-lost" in view.row_widgets[1]._dom_classes, 2.0)
         assert latency is not None, "rank 1 not shown lost within 2 s"
         record_property("lost_detection_s", round(latency, 2))
-        assert "engine killed by SIGKILL" in view._row_widgets[1].value
-        assert "rank 1 lost" in view._message.value and "--force" in view._message.value
+        assert "engine killed by SIGKILL" in view.row_widgets[1].value
+        assert "rank 1 lost" in view.message.value and "--force" in view.message.value
         assert [r.state for r in sb.snapshot().ranks] == ["initialized", "lost", "initialized"]
     finally:
         view.detach()

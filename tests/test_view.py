@@ -58,7 +58,7 @@ def sb():
 
 
 def _rows(view):
-    return [w for w in view._rows_box.children if "pgnb-row" in w._dom_classes]
+    return [w for w in view.rows_box.children if "pgnb-row" in w._dom_classes]
 
 
 def _states(view):
@@ -70,7 +70,7 @@ def test_view_structure(sb):
     assert "pgnb-view" in view._dom_classes
     assert len(_rows(view)) == 4
     assert _states(view) == ["starting"] * 4
-    assert "gloo" in view._header.value and "world 4" in view._header.value
+    assert "gloo" in view.header.value and "world 4" in view.header.value
     assert [c for c in ("pgnb-refresh", "pgnb-shutdown") if any(c in b._dom_classes for b in
             view.children[-1].children)] == ["pgnb-refresh", "pgnb-shutdown"]
 
@@ -80,7 +80,7 @@ def test_view_follows_the_sandbox_live(sb):
     rows = [RankStatus(r, 4, "gloo", "initialized" if r < 2 else "pending", pid=100 + r) for r in range(4)]
     sb.publish(rows, phase="rendezvous")
     assert _states(view) == ["initialized", "initialized", "pending", "pending"]
-    assert "2/4 initialized" in view._header.value
+    assert "2/4 initialized" in view.header.value
     view.detach()
     sb.publish([RankStatus(r, 4, "gloo", "failed", error="x") for r in range(4)], phase="failed")
     assert _states(view) == ["initialized", "initialized", "pending", "pending"]  # detached: frozen
@@ -132,10 +132,10 @@ def test_buttons_call_back_into_the_sandbox(sb, monkeypatch):
 
 def test_updates_reuse_the_row_widgets(sb):
     view = StatusView(sb)
-    before = [w.model_id for w in view._rows_box.children]
+    before = [w.model_id for w in view.rows_box.children]
     for state in ("pending", "initialized", "destroyed"):
         sb.publish([RankStatus(r, 4, "gloo", state) for r in range(4)], phase="rendezvous")
-    assert [w.model_id for w in view._rows_box.children] == before
+    assert [w.model_id for w in view.rows_box.children] == before
     assert _states(view) == ["destroyed"] * 4
 
 
@@ -168,10 +168,10 @@ def test_a_live_view_waits_for_its_own_world(sb):
     sb.publish([RankStatus(r, 4, "gloo", "initialized") for r in range(4)], phase="initialized")
     tcp = WorldSpec(world=2, init_method="tcp")
     view = StatusView(sb, live=True, spec=tcp)  # shown by %pg_init before the world is re-made
-    assert view.generation is None and "world 2" in view._header.value and "tcp://" in view._header.value
+    assert view.generation is None and "world 2" in view.header.value and "tcp://" in view.header.value
     assert _states(view) == ["starting"] * 2
     sb.publish([RankStatus(r, 4, "gloo", "destroyed") for r in range(4)], phase="destroyed")  # the old world
-    assert "world 2" in view._header.value and _states(view) == ["starting"] * 2
+    assert "world 2" in view.header.value and _states(view) == ["starting"] * 2
     sb.reinit(tcp, state="pending")
     assert view.generation == 1 and _states(view) == ["pending"] * 2
     sb.publish([RankStatus(r, 2, "gloo", "initialized") for r in range(2)], phase="initialized")
@@ -206,6 +206,7 @@ def test_shutdown_freezes_the_view_with_its_final_rows(sb):
 def test_a_frozen_view_costs_few_widgets_and_its_buttons_act_on_nothing(sb, monkeypatch):
     calls = []
     monkeypatch.setattr(sb, "status", lambda: calls.append("status"))
+    monkeypatch.setattr(sb, "shutdown", lambda: calls.append("shutdown"))
     view = StatusView(sb)
     refresh, stop = view.children[-1].children
     before = _widgets_alive()
@@ -213,11 +214,12 @@ def test_a_frozen_view_costs_few_widgets_and_its_buttons_act_on_nothing(sb, monk
     after = _widgets_alive()
     assert before - after >= 25, (before, after)  # ~30 widgets for 4 ranks -> VBox + one HTML (and their styles)
     assert refresh.comm is None and stop.comm is None
-    view._act(sb.status)  # a click already on its way when the view froze
+    refresh.click()  # a click already on its way when the view froze
+    stop.click()
     assert calls == []
     assert "frozen: a newer view follows this world" in _static(view)
     with pytest.raises(AttributeError, match="frozen"):
-        view._row_widgets  # noqa: B018 - dropped, so the kernel can free them
+        view.row_widgets  # noqa: B018 - dropped, so the kernel can free them
 
 
 def test_frozen_views_free_their_widgets(sb):

@@ -155,21 +155,21 @@ class StatusView(W.VBox):  # type: ignore[misc]  # ipywidgets has no type inform
         self.render(self._shown)
         sandbox.add_listener(self._on_change)
 
-    # the live widgets, while there are any (tests and the reliability checks read them)
+    # the live widgets, while there are any (read-only: tests and the reliability checks read them)
     @property
-    def _header(self) -> Any:
+    def header(self) -> Any:
         return self._live_parts().header
 
     @property
-    def _rows_box(self) -> Any:
+    def rows_box(self) -> Any:
         return self._live_parts().rows_box
 
     @property
-    def _message(self) -> Any:
+    def message(self) -> Any:
         return self._live_parts().message
 
     @property
-    def _row_widgets(self) -> list[Any]:
+    def row_widgets(self) -> list[Any]:
         return self._live_parts().rows
 
     def _live_parts(self) -> _Parts:
