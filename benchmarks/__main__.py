@@ -11,7 +11,8 @@ ratio of each row against its target, writes ``benchmarks/results/latest.json``
     python -m benchmarks --no-docs       # a full run that leaves docs/performance.md as it is
 
 A full run replaces only what stands between docs/performance.md's ``<!-- bench:begin -->``
-and ``<!-- bench:end -->`` markers.
+and ``<!-- bench:end -->`` markers, and the README's few headline rows between its
+``<!-- bench-summary:begin -->`` and ``<!-- bench-summary:end -->`` markers.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from benchmarks._runner import ROOT, run_case
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 PAGE = os.path.join(ROOT, "docs", "performance.md")
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+README = os.path.join(ROOT, "README.md")
+SUMMARY_BEGIN, SUMMARY_END = "<!-- bench-summary:begin -->", "<!-- bench-summary:end -->"
 
 
 # --------------------------------------------------------------------------- the plan
@@ -100,18 +103,19 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     def row(measure: str, pgnb: float, base: float | None, unit: str, target: str, met: bool,
-            ratio: float | None = None, note: str = "") -> None:
+            ratio: float | None = None, note: str = "", headline: str = "") -> None:
         if ratio is None and base:
             ratio = pgnb / base
         rows.append({"measure": measure, "pgnb": pgnb, "baseline": base, "unit": unit,
-                     "ratio": ratio, "target": target, "met": met, "note": note})
+                     "ratio": ratio, "target": target, "met": met, "note": note, "headline": headline})
 
     s = raw["session"][0]
     for w in (4, 8):
         fork, plain = _med(raw[f"w{w}_fork"], "init"), _med(raw[f"w{w}_plain"], "init")
         n = len(raw[f"w{w}_fork"])
         row(f"cold `%pg_init --world {w}` (fork launcher) vs plain ipyparallel script", fork, plain, "s",
-            "≤ 0.25×", fork / plain <= 0.25, note=f"median of {n}")
+            "≤ 0.25×", fork / plain <= 0.25, note=f"median of {n}",
+            headline=f"`%pg_init --world {w}` from nothing | the same world from a plain ipyparallel script")
         if raw.get(f"w{w}_local"):
             local = _med(raw[f"w{w}_local"], "init")
             row(f"cold `%pg_init --world {w} --launcher local` vs plain script", local, plain, "s",
@@ -123,18 +127,21 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
         note=f"{s['reinit']['samples']} re-inits, max {s['reinit']['max']:.3f} s; baseline: pgnb's cold init")
     pg, px = s["cell"]["pg"]["median"], s["cell"]["px"]["median"]
     row("`%%pg` trivial cell, world 4, vs `%%px` on the same engines", pg, px, "s", "≤ 1.25×", pg / px <= 1.25,
-        note=f"median of {s['cell']['pg']['samples']} alternating samples each")
+        note=f"median of {s['cell']['pg']['samples']} alternating samples each",
+        headline="a trivial `%%pg` cell, 4 ranks | `%%px` on the same engines")
     for numel, label in (("1048576", "1M"), ("16777216", "16M")):
         a, b = s["allreduce"]["pg"][numel], s["allreduce"]["torchrun"][numel]
         gbps_pg = int(numel) * 4 / a["seconds_per_op"] / 1e9
         gbps_tr = int(numel) * 4 / b["seconds_per_op"] / 1e9
         row(f"all_reduce {label} float32, world 4, in `%%pg` vs torchrun (gloo), algbw", gbps_pg, gbps_tr, "GB/s",
             "≥ 0.95×", gbps_pg / gbps_tr >= 0.95,
+            headline=f"`all_reduce` of {label} floats in `%%pg`, 4 ranks (bandwidth) | the same under torchrun"
+            if label == "16M" else "",
             note=f"{a['seconds_per_op'] * 1e3:.1f} vs {b['seconds_per_op'] * 1e3:.1f} ms/op, median of "
                  f"{a['blocks']} vs {b['blocks']} timed blocks")
     stop, pstop = _med(raw["w4_fork"], "stop"), _med(raw["w4_plain"], "stop")
     row("`%pg_shutdown`, world 4, vs ipyparallel `stop_cluster` defaults", stop, pstop, "s", "≤ 0.3×",
-        stop / pstop <= 0.3)
+        stop / pstop <= 0.3, headline="`%pg_shutdown`, 4 ranks | ipyparallel's `stop_cluster`")
     gone, pgone = _med(raw["w4_fork"], "all_exited"), _med(raw["w4_plain"], "all_exited")
     row("… until every process has exited", gone, pgone, "s", "(for comparison)", True)
     mem, pmem = s["memory"], _mem_median(raw["w4_plain"])
@@ -143,7 +150,8 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
         note="fork: pages shared with the zygote are not in USS")
     row("PSS per engine", mem["engine_pss_mb"], pmem["engine_pss_mb"], "MB", "(honest share)", True)
     row("whole world's PSS / rank (engines, nannies, zygote)", mem["world_pss_per_rank_mb"],
-        pmem["world_pss_per_rank_mb"], "MB", "(honest share)", True)
+        pmem["world_pss_per_rank_mb"], "MB", "(honest share)", True,
+        headline="memory per rank (PSS of engines, nannies and zygote) | plain ipyparallel engines")
     sc = raw["scale"][0]
     ok = sc["allreduce_correct"] and sc["left_running"] == 0 and sc["killed"] == 0
     row(f"scale: world {sc['world']} `%pg_init` (oversubscribed)", sc["init"], None, "s",
@@ -154,7 +162,8 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
     lat = lv["latency"]
     row("live `%%pg`: a rank's print to the kernel sending it, 4 ranks, a line every 50 ms (median)",
         lat["median"], None, "s", "≤ 100 ms", lat["median"] <= 0.1,
-        note=f"{lat['lines']} of {lat['expected']} lines seen live; in a Jupyter kernel")
+        note=f"{lat['lines']} of {lat['expected']} lines seen live; in a Jupyter kernel",
+        headline="a rank's `print` reaching the notebook's live view (median) | —")
     row("… 95th percentile", lat["p95"], None, "s", "≤ 250 ms", lat["p95"] <= 0.25)
     fl = lv["flood"]
     row("20,000 lines on each of 4 ranks: `%%pg` (live) vs `%%px --stream`", fl["pg"], fl["px"], "s", "≤ 1.2×",
@@ -237,16 +246,37 @@ def machine(quick: bool) -> dict[str, Any]:
             "commit": commit}
 
 
-def update_docs(table: str) -> None:
-    """Replace what stands between docs/performance.md's bench markers."""
-    with open(PAGE) as f:
-        text = f.read()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{os.path.relpath(PAGE, ROOT)} has no {BEGIN} ... {END} markers")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    with open(PAGE, "w") as f:
-        f.write(f"{head}{BEGIN}\n{table}{END}{tail}")
+def headline(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The README's few rows: what a user waits for, beside what they would use instead."""
+    lines = ["| | pgnb | instead | ratio |", "|---|---:|---:|---:|"]
+    for r in rows:
+        if not r["headline"]:
+            continue
+        what, instead = (part.strip() for part in r["headline"].split("|"))
+        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}×"
+        base = _fmt(r["baseline"], r["unit"]) + (f" ({instead})" if instead != "—" else "")
+        lines.append(f"| {what} | {_fmt(r['pgnb'], r['unit'])} | {base if r['baseline'] else '—'} | {ratio} |")
+    lines += ["", f"*`python -m benchmarks` on {meta['date']}, {meta['cores']} cores, torch {meta['torch']} (CPU), "
+              f"load {meta['load_min']:.1f}–{meta['load_max']:.1f}; every row and its target: "
+              "[docs/performance.md](docs/performance.md).*"]
+    return "\n".join(lines) + "\n"
+
+
+def _replace_between(path: str, begin: str, end: str, text: str) -> None:
+    with open(path) as f:
+        page = f.read()
+    if begin not in page or end not in page:
+        raise SystemExit(f"{os.path.relpath(path, ROOT)} has no {begin} ... {end} markers")
+    head, rest = page.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(path, "w") as f:
+        f.write(f"{head}{begin}\n{text}{end}{tail}")
+
+
+def update_docs(table: str, summary: str) -> None:
+    """Replace what stands between docs/performance.md's bench markers and the README's summary markers."""
+    _replace_between(PAGE, BEGIN, END, table)
+    _replace_between(README, SUMMARY_BEGIN, SUMMARY_END, summary)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "latest.md"), "w") as f:
         f.write(table)
     if not (args.quick or args.no_docs):
-        update_docs(table)
+        update_docs(table, headline(rows, meta))
     targets = [r for r in rows if not r["target"].startswith("(")]
     missed = [r["measure"] for r in targets if not r["met"]]
     log(f"{len(targets) - len(missed)}/{len(targets)} targets met" + (f"; missed: {missed}" if missed else ""))
