@@ -38,7 +38,8 @@ def test_watcher_reports_each_death_once_with_its_cause():
     before = {t for t in __import__("threading").enumerate() if t.name == "pgnb-liveness"}  # other worlds' watchers
     statuses = {}
     deaths = []
-    w = Watcher(lambda pid, cause: deaths.append((pid, cause, time.monotonic())), statuses.get, period=0.05)
+    w = Watcher(lambda pid, cause, status: deaths.append((pid, cause, time.monotonic())), statuses.get,
+                period=0.05)
     try:
         w.watch({p.pid: start_time(psutil.Process(p.pid)) for p in procs})
         w.unwatch([procs[2].pid])  # pgnb stops this one itself: not a loss

@@ -399,6 +399,84 @@ def test_fault_kernel_shutdown_with_world_8(record_property, tmp_path):
 
 
 # ---------------------------------------------------------------- the control plane (issue 15)
+#: Loaded by every Python process a test starts with it on PYTHONPATH; acts only in an ipyparallel controller.
+#: It hands the controller a port another process holds, as ipyparallel's probe-then-bind port choice can
+#: (the port it probed is taken before its scheduler binds it): once (the first controller to rename the
+#: marker), or in every controller (PGNB_TEST_EVERY_CONTROLLER).
+TAKEN_PORT_SITE = """
+import os, sys
+if "ipyparallel.controller" in sys.orig_argv and os.environ.get("PGNB_TEST_TAKEN_PORT"):
+    marker = os.environ["PGNB_TEST_MARKER"]
+    try:
+        if not os.environ.get("PGNB_TEST_EVERY_CONTROLLER"):
+            os.rename(marker, marker + ".taken")
+    except OSError:
+        pass
+    else:
+        from ipyparallel import util
+        taken = int(os.environ["PGNB_TEST_TAKEN_PORT"])
+        util.select_random_ports = lambda n: [taken] * n
+"""
+
+
+@pytest.fixture
+def taken_port(tmp_path, monkeypatch):
+    """The next controller's ports are all one that is taken; yields the marker file that sets it off."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(TAKEN_PORT_SITE)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    marker = tmp_path / "marker"
+    marker.write_text("")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("PGNB_TEST_TAKEN_PORT", str(holder.getsockname()[1]))
+    monkeypatch.setenv("PGNB_TEST_MARKER", str(marker))
+    try:
+        yield marker
+    finally:
+        holder.close()
+
+
+def test_a_controller_that_loses_a_port_as_it_starts_is_started_again(taken_port, caplog):
+    """ipyparallel probes each controller port by binding port 0 and closing it; another process can take it
+    before the controller's scheduler binds it ("Address already in use", exit status 1). A cold start then
+    starts a fresh controller, says so in pgnb's log, and the world works; nothing of the first is left."""
+    sb = pgnb.Sandbox(backend="gloo", world=2)
+    t0 = time.monotonic()
+    try:
+        with caplog.at_level("WARNING", logger="pgnb"):
+            sb.start()
+        took = time.monotonic() - t0
+        assert not taken_port.exists() and taken_port.with_suffix(".taken").exists()  # the fault happened
+        assert any("exit status 1) as it started; starting a new controller" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+        assert sb.run(lambda: __import__("torch.distributed").distributed.get_world_size()) == [2, 2]
+        assert sb.snapshot().message == ""
+        token, pids = sb.owner_token, sb.pids
+        assert took < 30, took
+    finally:
+        sb.shutdown()
+    assert wait_gone(pids, timeout=10) == [] and owned_by_token(token) == []
+
+
+def test_a_controller_that_cannot_start_twice_is_reported_in_one_line(taken_port, monkeypatch):
+    """Every controller gets a taken port: after its second try pgnb says what died, with its status, and how to
+    recover, in one line; nothing it started is left."""
+    monkeypatch.setenv("PGNB_TEST_EVERY_CONTROLLER", "1")
+    sb = pgnb.Sandbox(backend="gloo", world=2)
+    t0 = time.monotonic()
+    with pytest.raises(pgnb.PgnbError) as err:
+        sb.start()
+    took = time.monotonic() - t0
+    msg = str(err.value)
+    assert "died (exit status 1)" in msg and "--force" in msg and "\n" not in msg, msg
+    assert took < 30, took
+    assert sb.pids == [] or wait_gone(sb.pids, timeout=10) == []
+    sb.shutdown()
+
+
 def _ok(k, code, timeout=300):
     ex = k.execute(code, timeout=timeout)
     assert ex.status == "ok", (code, ex.text())

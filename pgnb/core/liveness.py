@@ -87,15 +87,15 @@ def zombie_status(pid: int) -> int | None:
 
 
 class Watcher:
-    """A daemon thread that reports each watched pid's death once: ``on_death(pid, cause)``.
+    """A daemon thread that reports each watched pid's death once: ``on_death(pid, cause, status)``.
 
-    ``cause`` is ``describe(pid, status)`` (default: ``describe_exit(status)``), where
-    ``status`` is what ``exit_status(pid)`` or the zombie's ``/proc`` entry says, or None.
+    ``status`` is what ``exit_status(pid)`` or the zombie's ``/proc`` entry says (negative: killed
+    by that signal), or None; ``cause`` is ``describe(pid, status)`` (default: ``describe_exit(status)``).
     """
 
     def __init__(
         self,
-        on_death: Callable[[int, str], None],
+        on_death: Callable[[int, str, int | None], None],
         exit_status: Callable[[int], int | None] = lambda pid: None,
         period: float = PERIOD,
         describe: Callable[[int, int | None], str] | None = None,
@@ -162,8 +162,9 @@ class Watcher:
                 with self._lock:
                     if self._procs.pop(pid, None) is None:
                         continue  # unwatched meanwhile: pgnb stopped it on purpose
+                status = statuses.get(pid)
                 with contextlib.suppress(Exception):  # a listener's bug must not end the watch
-                    self._on_death(pid, self._describe(pid, statuses.get(pid)))
+                    self._on_death(pid, self._describe(pid, status), status)
 
     def _statuses(self, pids: list[int]) -> dict[int, int | None]:
         """Each dead pid's exit status, waiting up to ``STATUS_WAIT`` in all for launchers to reap them."""

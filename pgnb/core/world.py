@@ -73,6 +73,12 @@ DEPENDENCIES = {
     "nanny": "its nanny",  # after its engine: a nanny ends when its engine does
 }
 _PRIORITY = {kind: i for i, kind in enumerate(DEPENDENCIES)}
+#: Cold starts of a controller that failed as it started (a process of it exited with status 1) before
+#: pgnb reports it. ipyparallel picks each of the controller's ~20 ports by binding port 0 and closing
+#: it; a scheduler process binds it a moment later, and another process can take it in between (seen
+#: here: 1 in 60 forced restarts with three worlds starting at once, "Address already in use"). A fresh
+#: controller picks fresh ports. A controller killed by a signal is not started again.
+CONTROLLER_STARTS = 2
 #: After Ctrl-C in a re-init, how long ranks already in the rendezvous get to finish before their
 #: engines are stopped (a rank blocked in gloo's connect ignores SIGINT).
 INTERRUPT_SETTLE = 0.5
@@ -155,6 +161,7 @@ class World:
         self._zygotes_before: set[int] = set()  # the zygotes there were when the present init began
         #: one line, set by the watcher thread when a process every rank needs died (controller, scheduler)
         self._broken = ""
+        self._broken_status: int | None = None  # that process's exit status (negative: a signal)
         self._step = ""  # what the lifecycle call in progress does now: what an interrupt interrupts
         self._spec_before = self.spec  # the spec before the init in progress (an interrupted re-init keeps it)
         self._inflight: list[tuple[int, Any]] = []  # the rendezvous' (rank, AsyncResult) while it runs
@@ -482,7 +489,7 @@ class World:
         zygote = self._forked.get(pid, (0, None))[0]
         return self._dead_zygotes.get(zygote) or describe_exit(status)
 
-    def _on_death(self, pid: int, cause: str) -> None:
+    def _on_death(self, pid: int, cause: str, status: int | None) -> None:
         """Watcher thread: a process of this world died. Mark what it costs, repair what can be, tell the views."""
         kind = self._kinds.get(pid, "engine")  # kept: a dead process is not watched again
         if kind == "engine":
@@ -509,7 +516,7 @@ class World:
                 self._publish(message=f"{cause}; pgnb started a new one, told of every process of this world")
         else:  # the controller or a scheduler: no rank can be reached any more
             if not self._broken:
-                self._broken = cause
+                self._broken, self._broken_status = cause, status
             self._publish(message=f"{self._broken}; {RECOVER_HINT}")
 
     def _on_engine_death(self, pid: int, cause: str) -> None:
@@ -549,8 +556,7 @@ class World:
         # a zygote of before that dies now costs only its own engines (the lost-engine check sees those)
         self._zygotes_before = {pid for pid, kind in self._kinds.items() if kind == "zygote"}
         try:
-            self._ensure_engines(spec)
-            self._meet_new_engines()
+            self._start_engines(spec)
         except BaseException as e:
             # anything else than a PgnbError is ipyparallel's or a lost engine's: one line, and a clean slate
             err = e if isinstance(e, (PgnbError, KeyboardInterrupt)) else EngineStartError(
@@ -570,6 +576,23 @@ class World:
             self._rendezvous(rows)
         finally:
             self._inflight = []
+
+    def _start_engines(self, spec: WorldSpec) -> None:
+        """Engines up and known, the ranks chosen; a cold start whose controller failed as it started
+        (``CONTROLLER_STARTS``) is started again with a fresh controller."""
+        for start in range(1, CONTROLLER_STARTS + 1):
+            cold = self._pool is None
+            try:
+                self._ensure_engines(spec)
+                self._meet_new_engines()
+                return
+            except WorldBroken:
+                if not (cold and self._broken_status == 1 and start < CONTROLLER_STARTS):
+                    raise
+                _log.warning("pgnb: %s as it started; starting a new controller", self._broken)
+                self._publish(message=f"{self._broken} as it started; pgnb is starting a new one")
+                if self._stop_pool():
+                    raise KeyboardInterrupt from None  # seen while stopping: nothing runs now
 
     def _ensure_engines(self, spec: WorldSpec) -> None:
         def progress(k: int, n: int) -> None:
@@ -1003,7 +1026,7 @@ class World:
             self._kinds.clear()
             self._forked.clear()
             self._dead_zygotes.clear()
-            self._broken = ""
+            self._broken, self._broken_status = "", None
             self._inflight = []
             self.busy.clear()  # nothing of the stopped engines runs any more
         return note.seen
