@@ -254,6 +254,10 @@ def remove_cluster_files(state_file: str) -> list[str]:
     return removed
 
 
+_HAS_PROC = os.path.isdir("/proc/self")
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
 def _proc_stat(pid: int) -> tuple[str, float] | None:
     """``(state, start)`` of ``pid`` from one read of ``/proc/PID/stat`` (start in seconds since boot),
     or None when there is no such process. Raises ``OSError`` where there is no ``/proc``."""
@@ -266,10 +270,6 @@ def _proc_stat(pid: int) -> tuple[str, float] | None:
         raise
     fields = stat[stat.rindex(b")") + 2:].split()
     return fields[0].decode(), int(fields[19]) / _CLK_TCK
-
-
-_HAS_PROC = os.path.isdir("/proc/self")
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def start_time(p: Any) -> float:
