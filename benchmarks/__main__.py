@@ -103,7 +103,7 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     def row(measure: str, pgnb: float, base: float | None, unit: str, target: str, met: bool,
-            ratio: float | None = None, note: str = "", headline: str = "") -> None:
+            ratio: float | None = None, note: str = "", headline: tuple[str, str] | None = None) -> None:
         if ratio is None and base:
             ratio = pgnb / base
         rows.append({"measure": measure, "pgnb": pgnb, "baseline": base, "unit": unit,
@@ -115,7 +115,7 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
         n = len(raw[f"w{w}_fork"])
         row(f"cold `%pg_init --world {w}` (fork launcher) vs plain ipyparallel script", fork, plain, "s",
             "≤ 0.25×", fork / plain <= 0.25, note=f"median of {n}",
-            headline=f"`%pg_init --world {w}` from nothing | the same world from a plain ipyparallel script")
+            headline=(f"`%pg_init --world {w}` from nothing", "the same world from a plain ipyparallel script"))
         if raw.get(f"w{w}_local"):
             local = _med(raw[f"w{w}_local"], "init")
             row(f"cold `%pg_init --world {w} --launcher local` vs plain script", local, plain, "s",
@@ -128,20 +128,20 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
     pg, px = s["cell"]["pg"]["median"], s["cell"]["px"]["median"]
     row("`%%pg` trivial cell, world 4, vs `%%px` on the same engines", pg, px, "s", "≤ 1.25×", pg / px <= 1.25,
         note=f"median of {s['cell']['pg']['samples']} alternating samples each",
-        headline="a trivial `%%pg` cell, 4 ranks | `%%px` on the same engines")
+        headline=("a trivial `%%pg` cell, 4 ranks", "`%%px` on the same engines"))
     for numel, label in (("1048576", "1M"), ("16777216", "16M")):
         a, b = s["allreduce"]["pg"][numel], s["allreduce"]["torchrun"][numel]
         gbps_pg = int(numel) * 4 / a["seconds_per_op"] / 1e9
         gbps_tr = int(numel) * 4 / b["seconds_per_op"] / 1e9
         row(f"all_reduce {label} float32, world 4, in `%%pg` vs torchrun (gloo), algbw", gbps_pg, gbps_tr, "GB/s",
             "≥ 0.95×", gbps_pg / gbps_tr >= 0.95,
-            headline=f"`all_reduce` of {label} floats in `%%pg`, 4 ranks (bandwidth) | the same under torchrun"
-            if label == "16M" else "",
+            headline=(f"`all_reduce` of {label} floats in `%%pg`, 4 ranks (bandwidth)", "the same under torchrun")
+            if label == "16M" else None,
             note=f"{a['seconds_per_op'] * 1e3:.1f} vs {b['seconds_per_op'] * 1e3:.1f} ms/op, median of "
                  f"{a['blocks']} vs {b['blocks']} timed blocks")
     stop, pstop = _med(raw["w4_fork"], "stop"), _med(raw["w4_plain"], "stop")
     row("`%pg_shutdown`, world 4, vs ipyparallel `stop_cluster` defaults", stop, pstop, "s", "≤ 0.3×",
-        stop / pstop <= 0.3, headline="`%pg_shutdown`, 4 ranks | ipyparallel's `stop_cluster`")
+        stop / pstop <= 0.3, headline=("`%pg_shutdown`, 4 ranks", "ipyparallel's `stop_cluster`"))
     gone, pgone = _med(raw["w4_fork"], "all_exited"), _med(raw["w4_plain"], "all_exited")
     row("… until every process has exited", gone, pgone, "s", "(for comparison)", True)
     mem, pmem = s["memory"], _mem_median(raw["w4_plain"])
@@ -151,7 +151,7 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
     row("PSS per engine", mem["engine_pss_mb"], pmem["engine_pss_mb"], "MB", "(honest share)", True)
     row("whole world's PSS / rank (engines, nannies, zygote)", mem["world_pss_per_rank_mb"],
         pmem["world_pss_per_rank_mb"], "MB", "(honest share)", True,
-        headline="memory per rank (PSS of engines, nannies and zygote) | plain ipyparallel engines")
+        headline=("memory per rank (PSS of engines, nannies and zygote)", "plain ipyparallel engines"))
     sc = raw["scale"][0]
     ok = sc["allreduce_correct"] and sc["left_running"] == 0 and sc["killed"] == 0
     row(f"scale: world {sc['world']} `%pg_init` (oversubscribed)", sc["init"], None, "s",
@@ -163,7 +163,7 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
     row("live `%%pg`: a rank's print to the kernel sending it, 4 ranks, a line every 50 ms (median)",
         lat["median"], None, "s", "≤ 100 ms", lat["median"] <= 0.1,
         note=f"{lat['lines']} of {lat['expected']} lines seen live; in a Jupyter kernel",
-        headline="a rank's `print` reaching the notebook's live view (median) | —")
+        headline=("a rank's `print` reaching the notebook's live view (median)", ""))
     row("… 95th percentile", lat["p95"], None, "s", "≤ 250 ms", lat["p95"] <= 0.25)
     fl = lv["flood"]
     row("20,000 lines on each of 4 ranks: `%%pg` (live) vs `%%px --stream`", fl["pg"], fl["px"], "s", "≤ 1.2×",
@@ -252,10 +252,10 @@ def headline(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     for r in rows:
         if not r["headline"]:
             continue
-        what, instead = (part.strip() for part in r["headline"].split("|"))
+        what, instead = r["headline"]
         ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}×"
-        base = _fmt(r["baseline"], r["unit"]) + (f" ({instead})" if instead != "—" else "")
-        lines.append(f"| {what} | {_fmt(r['pgnb'], r['unit'])} | {base if r['baseline'] else '—'} | {ratio} |")
+        base = f"{_fmt(r['baseline'], r['unit'])} ({instead})" if r["baseline"] else "—"
+        lines.append(f"| {what} | {_fmt(r['pgnb'], r['unit'])} | {base} | {ratio} |")
     lines += ["", f"*`python -m benchmarks` on {meta['date']}, {meta['cores']} cores, torch {meta['torch']} (CPU), "
               f"load {meta['load_min']:.1f}–{meta['load_max']:.1f}; every row and its target: "
               "[docs/performance.md](docs/performance.md).*"]
