@@ -442,11 +442,11 @@ def taken_port(tmp_path, monkeypatch):
 def test_a_controller_that_loses_a_port_as_it_starts_is_started_again(taken_port, caplog):
     """ipyparallel probes each controller port by binding port 0 and closing it; another process can take it
     before the controller's scheduler binds it ("Address already in use", exit status 1). A cold start then
-    starts a fresh controller, says so in pgnb's log, and the world works; nothing of the first is left."""
+    starts a fresh controller, says so in pgnb's log (INFO), and the world works; nothing of the first is left."""
     sb = pgnb.Sandbox(backend="gloo", world=2)
     t0 = time.monotonic()
     try:
-        with caplog.at_level("WARNING", logger="pgnb"):
+        with caplog.at_level("INFO", logger="pgnb"):
             sb.start()
         took = time.monotonic() - t0
         assert not taken_port.exists() and taken_port.with_suffix(".taken").exists()  # the fault happened
@@ -459,6 +459,26 @@ def test_a_controller_that_loses_a_port_as_it_starts_is_started_again(taken_port
     finally:
         sb.shutdown()
     assert wait_gone(pids, timeout=10) == [] and owned_by_token(token) == []
+
+
+def test_a_start_that_got_a_fresh_controller_leaves_the_cell_as_a_clean_one(taken_port):
+    """In a real kernel, as nbval replays it: the ``%pg_init`` whose controller lost a port and was started
+    again writes nothing to stdout or stderr (strict nbval fails a cell on an unexpected stderr), and the
+    world works; nothing is left after the kernel is killed."""
+    from kernel_util import Kernel
+
+    k = Kernel()
+    try:
+        _ok(k, "%load_ext pgnb")
+        ex = _ok(k, "%pg_init --backend gloo --world 2")
+        assert not taken_port.exists() and taken_port.with_suffix(".taken").exists()  # the fault happened
+        assert [o for o in ex.outputs if o["type"] == "stream"] == [], ex.text()
+        ex = _ok(k, "%%pg\nprint(dist.get_world_size())")
+        assert "".join(o.get("text", "") for o in ex.outputs) == "[rank 0]\n2\n[rank 1]\n2\n", ex.text()
+        facts = _kernel_pids(k)
+    finally:
+        k.kill()  # SIGKILL, as nbval does
+    assert wait_gone(facts["pids"], timeout=10) == [] and owned_by_token(facts["token"]) == []
 
 
 def test_a_controller_that_cannot_start_twice_is_reported_in_one_line(taken_port, monkeypatch):

@@ -589,7 +589,9 @@ class World:
             except WorldBroken:
                 if not (cold and self._broken_status == 1 and start < CONTROLLER_STARTS):
                     raise
-                _log.warning("pgnb: %s as it started; starting a new controller", self._broken)
+                # info, not a warning: a warning reaches the cell's stderr, and a recovered start must
+                # leave a notebook's recorded outputs as they are (strict nbval compares stderr)
+                _log.info("pgnb: %s as it started; starting a new controller", self._broken)
                 self._publish(message=f"{self._broken} as it started; pgnb is starting a new one")
                 if self._stop_pool():
                     raise KeyboardInterrupt from None  # seen while stopping: nothing runs now
