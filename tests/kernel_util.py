@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import sys
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,59 @@ class Execution:
                 "stderr": "".join(o["text"] for o in self.outputs if o.get("name") == "stderr")}
 
 
+class Pending:
+    """A request sent to the kernel whose messages are read as they come, on the caller's thread.
+
+    A test that acts while a cell runs (interrupts it, kills a process) reads in short steps between its
+    actions rather than in a second thread: the client's sockets are then only ever used by one thread."""
+
+    def __init__(self, kernel: Kernel, msg_id: str) -> None:
+        self.kc, self.msg_id = kernel.kc, msg_id
+        self.execution = Execution(status="")
+        self.idle = False
+        self.ended_at: float | None = None  # time.monotonic() when the reply was read
+
+    @property
+    def ended(self) -> bool:
+        return self.ended_at is not None
+
+    def read(self, seconds: float) -> bool:
+        """Read what comes for up to ``seconds``; whether the request has ended (the kernel idle, its reply read)."""
+        deadline = time.monotonic() + seconds
+        while not self.idle:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                msg = self.kc.get_iopub_msg(timeout=left)
+            except queue.Empty:
+                return False
+            self._take(msg)
+        while not self.ended:  # replies to requests sent earlier (e.g. an interrupted cell's) come first
+            reply = self.kc.get_shell_msg(timeout=max(deadline - time.monotonic(), 10))
+            if reply["parent_header"].get("msg_id") == self.msg_id:
+                self.execution.status = reply["content"]["status"]
+                self.execution.reply = reply["content"]
+                self.ended_at = time.monotonic()
+        return True
+
+    def _take(self, msg: dict[str, Any]) -> None:
+        if msg["parent_header"].get("msg_id") != self.msg_id:
+            return
+        ex, kind, content = self.execution, msg["msg_type"], msg["content"]
+        if kind == "status" and content["execution_state"] == "idle":
+            self.idle = True
+        elif kind in ("display_data", "execute_result"):
+            ex.outputs.append({"type": kind, "data": content["data"]})
+        elif kind == "stream":
+            ex.outputs.append({"type": kind, "name": content["name"], "text": content["text"]})
+        elif kind == "error":
+            ex.outputs.append({"type": kind, "ename": content["ename"], "evalue": content["evalue"],
+                               "traceback": content["traceback"]})
+        elif kind.startswith("comm"):
+            ex.comm_msgs.append(content)
+
+
 class Kernel:
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self.km = KernelManager(kernel_name="python3")
@@ -62,30 +116,13 @@ class Kernel:
 
     def collect(self, msg_id: str, timeout: float = 120) -> Execution:
         """Everything the kernel sends for the request ``msg_id``, until it is idle, and its reply."""
-        ex = Execution(status="")
-        while True:
-            msg = self.kc.get_iopub_msg(timeout=timeout)
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "status" and content["execution_state"] == "idle":
-                break
-            if kind in ("display_data", "execute_result"):
-                ex.outputs.append({"type": kind, "data": content["data"]})
-            elif kind == "stream":
-                ex.outputs.append({"type": kind, "name": content["name"], "text": content["text"]})
-            elif kind == "error":
-                ex.outputs.append({"type": kind, "ename": content["ename"], "evalue": content["evalue"],
-                                   "traceback": content["traceback"]})
-            elif kind.startswith("comm"):
-                ex.comm_msgs.append(content)
-        while True:  # replies to requests sent earlier (e.g. an interrupted cell's) come first
-            reply = self.kc.get_shell_msg(timeout=timeout)
-            if reply["parent_header"].get("msg_id") == msg_id:
-                break
-        ex.status = reply["content"]["status"]
-        ex.reply = reply["content"]
-        return ex
+        pending = self.pending(msg_id)
+        if not pending.read(timeout):
+            raise TimeoutError(f"no reply to {msg_id} in {timeout} s")
+        return pending.execution
+
+    def pending(self, msg_id: str) -> Pending:
+        return Pending(self, msg_id)
 
     def shutdown(self) -> None:
         self.kc.stop_channels()

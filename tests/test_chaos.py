@@ -42,11 +42,14 @@ import os
 import random
 import re
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from kernel_util import Pending
 
 pytestmark = [pytest.mark.integration, pytest.mark.kernel]
 
@@ -154,24 +157,13 @@ class Chaos:
         self.killed_controller = None
         self.prepare(trial.action)
         code = self.command(trial.action)
-        msg = k.kc.execute(code)
-        box: dict = {}
-
-        def collect() -> None:
-            try:
-                box["ex"] = k.collect(msg, timeout=300)
-            finally:
-                box["t"] = time.monotonic()
-
-        collector = threading.Thread(target=collect, daemon=True)
-        collector.start()
-        collector.join(timeout=trial.moment)
-        fault_at = self._fault(trial, collector, out)
-        collector.join(timeout=300)
-        assert "ex" in box, f"{trial}: no reply"
-        ex = box["ex"]
-        if fault_at is not None and box["t"] > fault_at:
-            out.returned_s = round(box["t"] - fault_at, 2)
+        pending = k.pending(k.kc.execute(code))
+        pending.read(trial.moment)
+        fault_at = self._fault(trial, pending, out)
+        assert pending.read(300), f"{trial}: no reply"
+        ex = pending.execution
+        if fault_at is not None and pending.ended_at > fault_at:
+            out.returned_s = round(pending.ended_at - fault_at, 2)
         cell = trial.action == "all_reduce"  # a %%pg cell shows the ranks' own output (and tracebacks) too
         out.result = "ok" if ex.status == "ok" else self._one_line(ex, strict=not cell)
         problems = []
@@ -204,11 +196,11 @@ class Chaos:
               + (f" FAILED: {out.failure}" if out.failure else ""), flush=True)
         return out
 
-    def _fault(self, trial: Trial, collector: threading.Thread, out: Outcome) -> float | None:
+    def _fault(self, trial: Trial, pending: Pending, out: Outcome) -> float | None:
         k = self.kernel
-        when = "during" if collector.is_alive() else "after"
+        when = "after" if pending.ended else "during"
         if trial.fault == "interrupt":
-            if not collector.is_alive():
+            if pending.ended:
                 out.fault = "interrupt: too late (the magic had returned)"
                 return None
             k.km.interrupt_kernel()
@@ -217,9 +209,9 @@ class Chaos:
         deadline = time.monotonic() + 60
         while True:
             found = sorted(k.by_kind()[trial.fault])
-            if found or not collector.is_alive() or time.monotonic() > deadline:
+            if found or pending.ended or time.monotonic() > deadline:
                 break
-            time.sleep(0.02)
+            pending.read(0.02)
         if not found:
             out.fault = f"no {trial.fault} to kill"
             return None
