@@ -305,8 +305,11 @@ def test_attach_to_a_smaller_cluster_says_how_many_engines_it_found(ipcluster, s
 
 
 def test_attach_to_nothing_is_one_line():
-    with pytest.raises(EngineStartError, match="no ipyparallel cluster found"):
+    with pytest.raises(EngineStartError, match="no ipyparallel cluster found") as err:
         EnginePool(profile=None, cluster_id="nosuchcluster").connect(1)
+    msg = str(err.value)
+    assert "\n" not in msg, msg  # ipyparallel's own message is three lines
+    assert msg.endswith("start one with `ipcluster start -n N --cluster-id nosuchcluster`"), msg
 
 
 # ---- MPI engines whose ids are not their MPI ranks --------------------------------------------

@@ -276,9 +276,10 @@ class EnginePool:
                 self.client = self._ipp.Client(**kwargs)
         except (OSError, TimeoutError) as e:
             what = ", ".join(f"{k} {v!r}" for k, v in kwargs.items())
+            start = " ".join(["ipcluster start -n N", *(f"--{k.replace('_', '-')} {v}" for k, v in kwargs.items())])
+            first = (str(e).splitlines() or [type(e).__name__])[0].rstrip(".")  # ipyparallel's runs to 3 lines
             raise EngineStartError(
-                f"no ipyparallel cluster found for {what}: {e}; start one with `ipcluster start -n N`"
-            ) from None
+                f"no ipyparallel cluster found for {what}: {first}; start one with `{start}`") from None
 
     def _start_controller(self, engines: int = 0) -> None:
         """Start the controller, then (``engines`` > 0, a local launcher) the engines, then connect."""
