@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from ..procs.reaper import process_alive
+from ..procs.reaper import proc_stat, process_alive
 
 #: Seconds between two looks at the watched pids.
 PERIOD = 0.3
@@ -73,12 +73,10 @@ def zombie_status(pid: int) -> int | None:
     Negative: killed by that signal, as ``subprocess`` says it.
     """
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = proc_stat(pid)
     except (OSError, ValueError):
         return None
-    if not fields or fields[0] != "Z" or len(fields) < 50:
+    if not fields or fields[0] != b"Z" or len(fields) < 50:
         return None
     try:
         return os.waitstatus_to_exitcode(int(fields[49]))

@@ -258,9 +258,10 @@ _HAS_PROC = os.path.isdir("/proc/self")
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _proc_stat(pid: int) -> tuple[str, float] | None:
-    """``(state, start)`` of ``pid`` from one read of ``/proc/PID/stat`` (start in seconds since boot),
-    or None when there is no such process. Raises ``OSError`` where there is no ``/proc``."""
+def proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command name, from one read (``[0]`` the state, ``[19]``
+    the start in clock ticks since boot, ``[49]`` the exit status of a zombie), or None when there is no
+    such process. Raises ``OSError`` where there is no ``/proc``, ``ValueError`` on a line it cannot read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -268,8 +269,11 @@ def _proc_stat(pid: int) -> tuple[str, float] | None:
         if _HAS_PROC:
             return None
         raise
-    fields = stat[stat.rindex(b")") + 2:].split()
-    return fields[0].decode(), int(fields[19]) / _CLK_TCK
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+def _started(fields: list[bytes]) -> float:
+    return int(fields[19]) / _CLK_TCK
 
 
 def start_time(p: Any) -> float:
@@ -284,12 +288,13 @@ def start_time(p: Any) -> float:
     import psutil
 
     try:
-        stat = _proc_stat(p.pid)
+        fields = proc_stat(p.pid)
+        started = None if fields is None else _started(fields)
     except (OSError, ValueError, IndexError):  # no /proc: psutil's answer (it raises if the process is gone)
         return float(p.create_time() - psutil.boot_time())
-    if stat is None:
+    if started is None:
         raise psutil.NoSuchProcess(p.pid)
-    return stat[1]
+    return started
 
 
 def process_alive(pid: int, started: float) -> bool:
@@ -297,10 +302,10 @@ def process_alive(pid: int, started: float) -> bool:
     does not). One read of ``/proc`` on Linux: the liveness watcher and every magic's look call it for
     each process of the world."""
     try:
-        stat = _proc_stat(pid)
+        fields = proc_stat(pid)
+        return fields is not None and fields[0] not in (b"Z", b"X") and abs(_started(fields) - started) < 0.01
     except (OSError, ValueError, IndexError):
         return _process_alive_psutil(pid, started)
-    return stat is not None and stat[0] not in ("Z", "X") and abs(stat[1] - started) < 0.01
 
 
 def _process_alive_psutil(pid: int, started: float) -> bool:
