@@ -56,11 +56,22 @@ user-venv: $(USER_PY)
 	$(USER_PIP) install nbval pytest
 	$(USER_PIP) install --force-reinstall --no-deps .
 
-test: test-venv user-venv
-	IPYTHONDIR=$$(mktemp -d) PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest $(PYTEST_ARGS)
+# pytest in one stage; its exit status 5 (no test selected, e.g. PYTEST_ARGS picked another stage's file) is not a failure
+STAGE = IPYTHONDIR=$$(mktemp -d) PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest -x $(PYTEST_ARGS)
+NO_TESTS_OK = || [ $$? = 5 ]
 
-soak: test-venv
+# In stages, fast first; the first failure stops the run, and its report is the last thing pytest prints.
+# 1. no engines (unit: spec, views, parsing, layout)  2. real engines and kernels  3. notebooks and the browser
+test: test-venv
+	$(STAGE) -m "not integration and not browser" $(NO_TESTS_OK)
+	$(MAKE) --no-print-directory user-venv
+	$(STAGE) -m "integration and not notebooks and not browser" $(NO_TESTS_OK)
+	$(STAGE) -m "notebooks or browser" $(NO_TESTS_OK)
+
+# the slow set, then every notebook replayed twice in a row (make test replays most of them once)
+soak: test-venv user-venv
 	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py tests/test_busy.py tests/test_chaos.py tests/test_trace_under_load.py
+	IPYTHONDIR=$$(mktemp -d) PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest -m notebooks --run-slow tests/test_notebooks.py
 
 # docs/reliability.md's table, from a run of the reliability and soak tests
 reliability: test-venv
@@ -70,8 +81,9 @@ reliability: test-venv
 bench: test-venv
 	IPYTHONDIR=$$(mktemp -d) $(PY) -m benchmarks
 
-# ruff, mypy --strict, and the import directions (tests/test_layout.py, no engines)
-lint: test-venv
+# ruff, mypy --strict, and the import directions (tests/test_layout.py, no engines). Only the dev extras:
+# no Chromium, no OpenMPI, no test extras, so CI reports a lint error within two minutes.
+lint: venv
 	$(PIP) install -e ".[dev]"
 	$(PY) -m ruff check pgnb tests benchmarks
 	$(PY) -m mypy --strict pgnb
