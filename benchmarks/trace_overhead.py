@@ -5,7 +5,7 @@ the calling thread's CPU time (which other load on the machine disturbs less),
 median and minimum over the samples:
 
 * **wrapper** -- one process, a gloo world of 1, ``all_reduce`` of one float
-  in a tight loop: untraced, traced (``pgnb.rank.tracer.start`` ... ``stop``,
+  in a tight loop: untraced, traced (``pgnb.rank.trace.start`` ... ``stop``,
   writing its trace file as ``%%pg --trace`` does), and untraced again after
   the trace. No network, so the difference is the wrapper's own cost.
 * **ops** -- the same world of 1, a loop of small tensor ops (``torch.mm`` of 8x8,
@@ -60,7 +60,7 @@ def wrapper(calls: int, rounds: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from pgnb.rank import tracer as _tracer
+    from pgnb.rank import trace as rank_trace
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     store = dist.HashStore()
@@ -80,14 +80,14 @@ def wrapper(calls: int, rounds: int) -> dict[str, Any]:
     try:
         for rnd in range(rounds):
             samples["never_traced" if rnd == 0 else "after_trace"].append(loop())
-            _tracer.start(tmp, f"bench-{rnd}.jsonl")
+            rank_trace.start(tmp, f"bench-{rnd}.jsonl")
             try:
                 samples["traced"].append(loop())
             finally:
-                _tracer.stop()
+                rank_trace.stop()
             if rnd == 0:
                 samples["never_traced"].append(loop())
-        same = _identity(dist) == before and not _tracer.wrapped_names()
+        same = _identity(dist) == before and not rank_trace.wrapped_names()
     finally:
         dist.destroy_process_group()
         for f in os.listdir(tmp):
@@ -107,7 +107,7 @@ def ops(calls: int, rounds: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from pgnb.rank import tracer as _tracer
+    from pgnb.rank import trace as rank_trace
 
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -125,12 +125,12 @@ def ops(calls: int, rounds: int) -> dict[str, Any]:
     try:
         for rnd in range(rounds):
             samples["off"].append(loop())
-            _tracer.start(tmp, f"bench-ops-{rnd}.jsonl")
+            rank_trace.start(tmp, f"bench-ops-{rnd}.jsonl")
             try:
                 samples["on"].append(loop())
             finally:
-                _tracer.stop()
-        modes_after = _tracer.active_modes()
+                rank_trace.stop()
+        modes_after = rank_trace.active_modes()
     finally:
         dist.destroy_process_group()
         for f in os.listdir(tmp):
@@ -157,7 +157,7 @@ def world(n_ranks: int, calls: int, rounds: int) -> dict[str, Any]:
     import pgnb
 
     code = LOOP.format(n=calls)
-    check = "import pgnb.rank.tracer as T\n(T.wrapped_names(), id(dist.all_reduce))"
+    check = "import pgnb.rank.trace as T\n(T.wrapped_names(), id(dist.all_reduce))"
     per: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
     with pgnb.Sandbox(backend="gloo", world=n_ranks) as sb:
         ids_before = [v[1] for v in sb.execute(check).values]

@@ -103,8 +103,8 @@ def main(names: list[str]) -> int:
     os.environ.setdefault("IPYTHONDIR", tempfile.mkdtemp(prefix="pgnb-pictures-"))
     import pgnb
     from pgnb.core.show import gather
-    from pgnb.core.timeline import timeline
     from pgnb.notebook.show import to_html
+    from pgnb.notebook.trace import timeline
 
     if wanted & {"trace_timeline", "show_grid"}:
         with pgnb.Sandbox(backend="gloo", world=4) as sb:

@@ -114,7 +114,7 @@ class TraceRecord(TypedDict, total=False):
 
     ``e`` says which record it is: ``"h"`` header (``pid``, ``t``, ``rank``), ``"b"`` a call
     began, ``"e"`` it returned, ``"d"`` its async work completed. Times are the rank's
-    ``pgnb.rank.tracer.clock()``.
+    ``pgnb.rank.trace.clock()``.
     """
 
     e: Literal["h", "b", "e", "d"]
@@ -189,13 +189,13 @@ class ValueSummary(_ValueSummaryBase, total=False):
 
 
 class ProfileArgs(TypedDict, total=False):
-    """``pgnb.rank.profiler.start``: how to profile a ``%%pg --profile`` cell."""
+    """``pgnb.rank.profile.start``: how to profile a ``%%pg --profile`` cell."""
 
     memory: bool  # record allocations (peak memory); default True
 
 
 class ProfileSummary(TypedDict, total=False):
-    """``pgnb.rank.profiler.stop``: one rank's profile of a cell (times in microseconds)."""
+    """``pgnb.rank.profile.stop``: one rank's profile of a cell (times in microseconds)."""
 
     ok: bool
     why: str  # when not ok
@@ -206,7 +206,7 @@ class ProfileSummary(TypedDict, total=False):
     compute_us: float  # self time of every other op
     peak_bytes: int  # the most memory the profiler saw allocated
     marker_ts: float | None  # the start marker's time in the Chrome trace (its own clock)
-    marker_clock: float  # the same moment on ``pgnb.rank.tracer.clock()``
+    marker_clock: float  # the same moment on ``pgnb.rank.trace.clock()``
     pid: int
     path: str  # where the rank wrote its Chrome trace (the kernel's directory)
     trace: dict[str, Any]  # the Chrome trace itself, for a rank on another host

@@ -172,5 +172,5 @@ def test_a_rank_loads_no_kernel_side_module():
         gather("x", world=sb)
         res = sb.execute("import sys\nsorted(m for m in sys.modules if m == 'pgnb' or m.startswith('pgnb.'))")
     for mods in res.values:
-        assert {"pgnb.rank.engine", "pgnb.rank.cell", "pgnb.rank.tracer", "pgnb.rank.values"} <= set(mods)
+        assert {"pgnb.rank.engine", "pgnb.rank.cell", "pgnb.rank.trace", "pgnb.rank.values"} <= set(mods)
         assert [m for m in mods if m.startswith(("pgnb.core", "pgnb.notebook"))] == []

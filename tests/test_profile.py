@@ -19,7 +19,7 @@ from ipywidgets.widgets.widget import _instances
 from pgnb.core.profile import Profile, merge
 from pgnb.core.trace import ClockOffset
 from pgnb.notebook.profile import ProfileView
-from pgnb.rank import tracer
+from pgnb.rank import trace as rank_trace
 
 
 def _summary(marker_ts, marker_clock, counts=None):
@@ -73,7 +73,7 @@ def world(world4):
     return world4
 
 
-CHECK = "import sys\n('pgnb.rank.profiler' in sys.modules, torch.autograd.profiler._is_profiler_enabled)"
+CHECK = "import sys\n('pgnb.rank.profile' in sys.modules, torch.autograd.profiler._is_profiler_enabled)"
 CELL = "x = torch.randn(32, 32)\nfor _ in range(3):\n    dist.all_reduce(x @ x, group=pair)\n"
 
 
@@ -102,7 +102,7 @@ def test_a_profiled_cell_on_two_ranks_writes_one_trace_through_magic_and_api(wor
     assert {e["pid"] for e in events if e.get("name") == "aten::mm"} == {0, 1}
     assert world4.execute(CHECK).values == [(True, False), (True, False), (False, False), (False, False)]
 
-    world4.run(tracer.set_clock_skew, 5.0, ranks=[1])  # rank 1's clock 5 s ahead: the merge still lines up
+    world4.run(rank_trace.set_clock_skew, 5.0, ranks=[1])  # rank 1's clock 5 s ahead: the merge still lines up
     try:
         path = tmp_path / "api.json"
         res = world4.execute(CELL, ranks=[0, 1], profile=str(path))
@@ -115,7 +115,7 @@ def test_a_profiled_cell_on_two_ranks_writes_one_trace_through_magic_and_api(wor
                 ends.setdefault(e["pid"], []).append(e["ts"] + e["dur"])
         assert sorted(ends) == [0, 1] and abs(max(ends[0]) - max(ends[1])) < 100_000  # µs: the last ends together
     finally:
-        world4.run(tracer.set_clock_skew, 0.0)
+        world4.run(rank_trace.set_clock_skew, 0.0)
     assert all(not enabled for _, enabled in world4.execute(CHECK).values)
 
 

@@ -20,10 +20,10 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import pgnb
-from pgnb.core import recording
-from pgnb.core.timeline import timeline
+from pgnb.core import trace_run
 from pgnb.core.trace import ClockOffset, Trace, calls_from_records
-from pgnb.rank import tracer as _tracer
+from pgnb.notebook.trace import timeline
+from pgnb.rank import trace as rank_trace
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -225,7 +225,7 @@ def test_recorded_sequence_on_every_rank(world):
 
 @pytest.mark.integration
 def test_tracing_off_wraps_nothing(world):
-    check = ("import pgnb.rank.tracer as T\n"
+    check = ("import pgnb.rank.trace as T\n"
              "(T.wrapped_names(), T.active_modes(), id(dist.all_reduce), id(dist.isend), id(dist.P2POp.__init__))")
     before = world.execute(check).values
     during = world.execute(check, trace=True).values
@@ -264,7 +264,7 @@ def test_a_p2pop_made_while_tracing_still_works_afterwards(world):
 def test_a_rank_without_the_trace_directory_keeps_its_records_for_the_kernel(world):
     from pgnb.rank import cell
 
-    rec = recording.Recording(world, [0, 1, 2, 3], "/nonexistent/pgnb-trace-dir")  # as on another host
+    rec = trace_run.Recording(world, [0, 1, 2, 3], "/nonexistent/pgnb-trace-dir")  # as on another host
     world.run(cell.run_cell, "dist.all_reduce(torch.ones(3))", None, None, rec.engine_args(0))
     tr = rec.collect([])
     assert tr.ok and [c.label() for c in tr.calls[3]] == ["all_reduce(float32[3], op=SUM)"]
@@ -272,10 +272,10 @@ def test_a_rank_without_the_trace_directory_keeps_its_records_for_the_kernel(wor
 
 @pytest.mark.integration
 def test_clock_offsets_are_measured_and_corrected(world):
-    world.run(_tracer.set_clock_skew, 5.0, ranks=[1])
-    world.run(_tracer.set_clock_skew, -3.0, ranks=[2])
+    world.run(rank_trace.set_clock_skew, 5.0, ranks=[1])
+    world.run(rank_trace.set_clock_skew, -3.0, ranks=[2])
     try:
-        offsets = recording.measure_offsets(world)
+        offsets = trace_run.measure_offsets(world)
         assert offsets[1].offset == pytest.approx(5.0, abs=0.05)
         assert offsets[2].offset == pytest.approx(-3.0, abs=0.05)
         assert abs(offsets[0].offset) < 0.05 and offsets[0].uncertainty < 0.05
@@ -290,7 +290,7 @@ def test_clock_offsets_are_measured_and_corrected(world):
         assert tr.steps[0].slowest == 3
         assert "rank 3 arrived last" in tr.summary()
     finally:
-        world.run(_tracer.set_clock_skew, 0.0)
+        world.run(rank_trace.set_clock_skew, 0.0)
 
 
 @pytest.mark.integration
@@ -399,7 +399,7 @@ def test_the_trace_after_a_timeout_says_who_never_called(world, ip):
     assert texts[0].splitlines()[-1] == ("mismatch at call #3 on the world group: rank 1 never called "
                                          "all_reduce #3; ranks 0, 2, 3 are blocked in it")
     assert "rank 0: all_reduce(float32[4], op=SUM) ×2, all_reduce(float32[4], op=SUM) (did not return)" in texts[0]
-    assert "tracer.py" not in ANSI.sub("", cap.stderr)  # the stacks show the cell, not pgnb's wrapper
+    assert "rank/trace.py" not in ANSI.sub("", cap.stderr)  # the stacks show the cell, not pgnb's wrapper
 
     stack_dir = world.scratch_dir
     assert not [f for f in os.listdir(stack_dir) if f.startswith("trace-")]  # read, then removed

@@ -13,7 +13,7 @@ stale ``TaskAborted``.
 Ranks still running at the deadline (or after an interrupt they could not
 obey) are asked where they are blocked (``pgnb.core.stacks``) and recorded in
 the world's busy registry, so the next call to them refuses at once.
-Tracing is passed in (a ``Recorder``, see ``pgnb.core.recording``): this
+Tracing is passed in (a ``Recorder``, see ``pgnb.core.trace_run``): this
 module knows only its shape.
 """
 
@@ -44,7 +44,7 @@ NO_INPUT = "no input is possible here (pass on_input= to Sandbox.execute)"
 
 
 class Recorder(Protocol):
-    """What a traced cell needs of its recording (``pgnb.core.recording.Recording``)."""
+    """What a traced cell needs of its recording (``pgnb.core.trace_run.Recording``)."""
 
     def engine_args(self, rank: int) -> TraceArgs: ...
 

@@ -3,7 +3,7 @@
 ``merge`` makes the ranks' Chrome traces one: one process per rank (``pid`` =
 the rank, named ``rank N``), every time moved onto the kernel's clock with
 the rank's measured offset, so the ranks line up in Perfetto
-(ui.perfetto.dev) or chrome://tracing. ``pgnb.core.profiling`` runs the
+(ui.perfetto.dev) or chrome://tracing. ``pgnb.core.profile_run`` runs the
 profilers and calls it.
 
 ``Profile`` is what the notebook shows: per rank, names and counts in a

@@ -1,8 +1,8 @@
 """Running ``%%pg --profile``: torch.profiler on every rank around one cell, the traces merged.
 
-``Profiling`` measures each rank's clock offset (``pgnb.core.recording``),
+``Profiling`` measures each rank's clock offset (``pgnb.core.trace_run``),
 starts the profiler on every rank just before the cell is sent
-(``pgnb.rank.profiler.start``; an engine runs its requests in order, so the
+(``pgnb.rank.profile.start``; an engine runs its requests in order, so the
 profiler is on when the cell begins), and, once the cell has ended, stops it
 on the ranks that finished and writes their Chrome traces as one file
 (``pgnb.core.profile.merge``). A rank still running has no profile; a request
@@ -19,10 +19,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._wire import ProfileSummary
-from ..rank import profiler
+from ..rank import profile as rank_profile
 from .profile import Profile, default_path, merge
-from .recording import measure_offsets
 from .trace import ClockOffset
+from .trace_run import measure_offsets
 from .world import World
 
 
@@ -36,7 +36,7 @@ class Profiling:
         self.path = path or default_path()
         self.offsets = offsets if offsets is not None else measure_offsets(world, self.ranks)
         self.token = uuid.uuid4().hex[:12]
-        world.run(profiler.start, {}, ranks=self.ranks)
+        world.run(rank_profile.start, {}, ranks=self.ranks)
 
     def finish(self, running: Iterable[int], lost: Iterable[int] = ()) -> Profile:
         """Stop the profilers of the ranks that finished; merge their traces into ``self.path``."""
@@ -45,11 +45,11 @@ class Profiling:
         missing = {r: "lost" if r in gone else "still running" for r in self.ranks if r in busy | gone}
         for r in sorted(busy - gone):  # runs when its cell ends: no profiler stays on after it
             with contextlib.suppress(Exception):
-                self.world.client[self.world.engine_ids[r]].apply_async(profiler.abandon)
+                self.world.client[self.world.engine_ids[r]].apply_async(rank_profile.abandon)
         summaries: dict[int, ProfileSummary] = {}
         for r in done:  # one by one: a rank that fails to stop costs only its own profile
             try:
-                summary = self.world.run(profiler.stop, self.world.scratch_dir, f"profile-{self.token}-{r}.json",
+                summary = self.world.run(rank_profile.stop, self.world.scratch_dir, f"profile-{self.token}-{r}.json",
                                          ranks=[r])[0]
             except Exception as e:  # lost, or the export failed
                 missing[r] = f"{type(e).__name__}"

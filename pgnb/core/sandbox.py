@@ -15,9 +15,9 @@ from ..rank import values
 from .cells import NO_INPUT, run_cell
 from .debug import CallbackPrompter, Prompter, post_mortem
 from .live import CallbackSink, LiveSink
-from .profiling import Profiling
-from .recording import Recording
+from .profile_run import Profiling
 from .results import CellInterrupted, CellResult
+from .trace_run import Recording
 from .world import World
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .._wire import stack_file, stack_socket
-from ..rank import tracer
+from ..rank import trace as rank_trace
 from ..rank.cell import short_path
 from .rendezvous import EngineInfo
 
@@ -32,7 +32,7 @@ STACK_FRAMES = 12
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _CELL_FILE = re.compile(r"(^<ipython-input-)|(/ipykernel_\d+/\d+\.py$)")
 #: pgnb's own trace wrapper (%%pg --trace) is not where the user is blocked
-_TRACER_FILE = os.path.join(*tracer.__name__.split(".")) + ".py"
+_TRACER_FILE = os.path.join(*rank_trace.__name__.split(".")) + ".py"
 
 
 #: The note of a rank that answered but is in no cell's code: it has left the cell (IPython formats its

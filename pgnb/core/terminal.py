@@ -2,13 +2,20 @@
 
 A rank's ``tqdm`` bar writes ``\r`` and a whole new line many times a second.
 ``Lane`` keeps the lines a live view shows (bounded); ``settle`` gives the form
-the notebook keeps, the same bytes on every run.
+the notebook keeps, the same bytes on every run. ``TerminalSink`` is a running
+cell's live output in a terminal IPython (or ``pgnb demo``): each line as it
+comes, prefixed ``[rank N]``, as ``%%px`` does.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the types only: at run time this module needs nothing of the running cell's
+    from .live import OutputEvent, RankProgress
 
 #: Lines a lane keeps per rank (the notebook keeps everything, in the grouped output).
 LANE_LINES = 300
@@ -79,3 +86,28 @@ def settle(text: str) -> str:
     return "\n".join(out)
 
 
+class TerminalSink:
+    """A terminal's live output: every line as it comes, ``[rank N]`` first (stderr lines on stderr)."""
+
+    def __init__(self) -> None:
+        self._partial: dict[tuple[int, str], str] = {}
+
+    def update(self, events: list[OutputEvent], ranks: list[RankProgress]) -> None:
+        for e in events:
+            if e.stream == "display":
+                continue  # a terminal cannot show it; the grouped output has its text form
+            key = (e.rank, e.stream)
+            text = self._partial.pop(key, "") + str(e.data)
+            *lines, rest = text.split("\n")
+            if rest:
+                self._partial[key] = rest
+            out = sys.stdout if e.stream == "stdout" else sys.stderr
+            for line in lines:
+                out.write(f"[rank {e.rank}] {line.rsplit(chr(13), 1)[-1]}\n")
+            out.flush()
+
+    def close(self) -> None:
+        """Lines that never got their newline."""
+        for (rank, stream), rest in sorted(self._partial.items()):
+            (sys.stdout if stream == "stdout" else sys.stderr).write(f"[rank {rank}] {rest.rsplit(chr(13), 1)[-1]}\n")
+        self._partial.clear()

@@ -1,9 +1,9 @@
 """``%%pg --trace``: what every rank's torch.distributed calls did, matched across ranks (a pure model).
 
 While a traced cell runs, each rank records its collective and point-to-point
-calls (``pgnb.rank.tracer``): op, group, tensor shapes and dtypes, bytes, and
+calls (``pgnb.rank.trace``): op, group, tensor shapes and dtypes, bytes, and
 when each call started and returned on the rank's own clock. The kernel reads
-the records (``pgnb.core.recording``) and moves their times onto its own clock
+the records (``pgnb.core.trace_run``) and moves their times onto its own clock
 with each rank's measured ``ClockOffset``.
 
 ``Trace`` matches the calls across ranks: the k-th collective a rank makes on
@@ -13,7 +13,7 @@ last makes the others wait; calls that do not pair (a different op, shape or
 root, or a rank that never made the call) are a mismatch, named in one line
 with the ranks and the call number. ``Trace`` shows as deterministic text
 (the calls and shapes, who arrived last when that is clear, the mismatches;
-no amounts of time); ``pgnb.core.timeline`` draws it, with the amounts.
+no amounts of time); ``pgnb.notebook.trace`` draws it, with the amounts.
 
 Who arrived last is named only when the trace proves it: the gap between the
 last arrival and the one before must be large against the noise measured in

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._wire import TraceArgs, TraceRecord
-from ..rank import tracer
+from ..rank import trace as rank_trace
 from .trace import Call, ClockOffset, Trace, calls_from_records
 from .world import World
 
@@ -53,7 +53,7 @@ def measure_offsets(world: World, ranks: Iterable[int] | None = None,
     alive = dict(pairs)
     for _ in range(samples):
         t0 = time.time()
-        asked = [(r, world.client[e].apply_async(tracer.clock)) for r, e in alive.items()]
+        asked = [(r, world.client[e].apply_async(rank_trace.clock)) for r, e in alive.items()]
         for r, ar in asked:
             try:
                 theirs = float(ar.get(timeout=OFFSET_TIMEOUT))
@@ -137,6 +137,6 @@ class Recording:
             return None
         try:  # a rank on another host kept them in memory
             eid = self.world.engine_ids[rank]
-            return list(self.world.client[eid].apply_async(tracer.take).get(timeout=FETCH_TIMEOUT))
+            return list(self.world.client[eid].apply_async(rank_trace.take).get(timeout=FETCH_TIMEOUT))
         except Exception:
             return None

@@ -5,7 +5,7 @@ initialises the default process group on all of them at once under its own
 deadline, answers status queries from the ranks themselves, runs functions on
 them, and stops everything it started. Views subscribe with ``add_listener``
 and render ``snapshot()``; nothing here draws. Running cells, tracing and
-showing are built on a ``World`` (``pgnb.core.cells``, ``recording``,
+showing are built on a ``World`` (``pgnb.core.cells``, ``trace_run``,
 ``show``); ``pgnb.Sandbox`` is the facade over all of them.
 """
 

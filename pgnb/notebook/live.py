@@ -1,4 +1,4 @@
-"""The live area under a running ``%%pg`` cell, and its terminal form.
+"""The live area under a running ``%%pg`` cell.
 
 ``LiveView`` is one ipywidgets HTML widget: a lane per rank with what the rank
 printed so far (``\\r`` redraws its line, so a progress bar is one updating
@@ -7,16 +7,13 @@ finished, failed, lost). Updates are widget state changes, which nbval
 ignores; the view's ``text/plain`` is one line fixed when it is displayed,
 the same on every run and in a saved notebook. When the cell ends the view
 collapses to a one-line summary, and the grouped output below it is what the
-notebook keeps.
-
-``TerminalSink`` is the same news for a terminal IPython: each line as it
-comes, prefixed ``[rank N]``, as ``%%px`` does.
+notebook keeps. (A terminal IPython gets ``pgnb.core.terminal.TerminalSink``
+instead.)
 """
 
 from __future__ import annotations
 
 import html
-import sys
 import time
 from typing import Any
 
@@ -148,29 +145,3 @@ def _summary(result: CellResult) -> str:
         by_state.setdefault(state, []).append(r.rank)
     return "; ".join(f"{ranks_text(rs)} {state}" for state, rs in by_state.items())
 
-
-class TerminalSink:
-    """A terminal's live output: every line as it comes, ``[rank N]`` first (stderr lines on stderr)."""
-
-    def __init__(self) -> None:
-        self._partial: dict[tuple[int, str], str] = {}
-
-    def update(self, events: list[OutputEvent], ranks: list[RankProgress]) -> None:
-        for e in events:
-            if e.stream == "display":
-                continue  # a terminal cannot show it; the grouped output has its text form
-            key = (e.rank, e.stream)
-            text = self._partial.pop(key, "") + str(e.data)
-            *lines, rest = text.split("\n")
-            if rest:
-                self._partial[key] = rest
-            out = sys.stdout if e.stream == "stdout" else sys.stderr
-            for line in lines:
-                out.write(f"[rank {e.rank}] {line.rsplit(chr(13), 1)[-1]}\n")
-            out.flush()
-
-    def close(self) -> None:
-        """Lines that never got their newline."""
-        for (rank, stream), rest in sorted(self._partial.items()):
-            (sys.stdout if stream == "stdout" else sys.stderr).write(f"[rank {rank}] {rest.rsplit(chr(13), 1)[-1]}\n")
-        self._partial.clear()

@@ -24,15 +24,16 @@ from ..core.failures import kill_rank
 from ..core.results import CellInterrupted, CellResult
 from ..core.sandbox import Sandbox
 from ..core.show import gather
-from ..core.timeline import timeline
+from ..core.terminal import TerminalSink
 from ..errors import NOT_STARTED, PgnbError
 from ..spec import WorldSpec, option_fields, parse_ranks
 from .current import current, set_current
 from .guard import ErrorLog, guarded
-from .live import LiveView, TerminalSink
+from .live import LiveView
 from .profile import ProfileView
 from .render import render_cell_result
 from .show import ShowView
+from .trace import timeline
 from .view import REPLACED, SUPERSEDED, StatusView, WorldReport
 
 _F = TypeVar("_F", bound=Callable[..., Any])

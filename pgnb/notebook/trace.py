@@ -1,4 +1,4 @@
-"""The timeline of a ``Trace``: one swimlane per rank, on the kernel's clock (matplotlib).
+"""``%%pg --trace``'s view: the timeline of a ``Trace``, one swimlane per rank, on the kernel's clock (matplotlib).
 
 Waiting for the slowest participant is hatched, calls that raised or never
 returned are outlined in red, calls a rank never made are marked. The picture
@@ -14,8 +14,8 @@ import math
 import textwrap
 from typing import Any
 
-from .text import ranks_text
-from .trace import ClockOffset, Trace
+from ..core.text import ranks_text
+from ..core.trace import ClockOffset, Trace
 
 
 def timeline(tr: Trace) -> TimelinePicture:

@@ -31,7 +31,7 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     a failing cell is reported in the return value, so the engine never
     aborts the requests queued behind it (``TaskAborted``). ``label`` is the
     notebook's cell number, so tracebacks say ``Cell In[label]`` on every run.
-    ``trace`` (``%%pg --trace``): the arguments of ``tracer.start``; the
+    ``trace`` (``%%pg --trace``): the arguments of ``trace.start``; the
     torch.distributed calls are recorded while the cell runs, and only then.
     ``debug``: where ``breakpoint()`` reaches the kernel (``pgnb.rank.debug``);
     the frames of a cell that raises are kept for ``%pg_debug`` until the next cell.
@@ -52,9 +52,9 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     hooks = rank_debug.install(debug, rank)
 
     if trace is not None:
-        from . import tracer
+        from . import trace as rank_trace
 
-        tracer.start(**trace)
+        rank_trace.start(**trace)
     saved_count = shell.execution_count
     shadowed = shell.__dict__.get("_showtraceback")
     shell._showtraceback = grab  # the formatted traceback comes back in the reply, not on iopub
@@ -68,7 +68,7 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
         res = shell.run_cell(code, store_history=False, silent=False)
     finally:
         if trace is not None:
-            tracer.stop()
+            rank_trace.stop()
         if shadowed is None:
             del shell._showtraceback
         else:

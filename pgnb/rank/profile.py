@@ -10,7 +10,7 @@ profiled cell, and ``profiling()`` says whether a profile is running.
 (or returns it, for a rank on another host) and summarizes it: op counts,
 the ops with the most self time, time in the backend's collectives vs in
 other ops, peak memory. A marker event at the start ties the profiler's
-clock to ``pgnb.rank.tracer.clock()``, whose offset from the kernel's the
+clock to ``pgnb.rank.trace.clock()``, whose offset from the kernel's the
 kernel measures, so the kernel can put every rank on one clock.
 
 Sent by reference to the engines; torch only inside the functions.
@@ -24,9 +24,9 @@ import os
 from typing import Any
 
 from .._wire import ProfileArgs, ProfileSummary
-from . import tracer
+from .trace import clock
 
-#: The name of the marker event ``start`` records (its time on ``tracer.clock()`` is kept).
+#: The name of the marker event ``start`` records (its time on ``pgnb.rank.trace.clock()`` is kept).
 MARKER = "pgnb: profile start"
 #: Ops whose names start so are communication; the backend's spans (gloo:, nccl:) are its
 #: collectives as they ran, on the backend's threads.
@@ -57,7 +57,7 @@ def start(args: ProfileArgs) -> None:
                         record_shapes=False, with_stack=False)
     prof.__enter__()
     with record_function(MARKER):
-        _STATE["marker_clock"] = tracer.clock()
+        _STATE["marker_clock"] = clock()
     _STATE["prof"] = prof
 
 

@@ -25,7 +25,7 @@ host, where that directory does not exist, keeps its records in memory and the
 kernel fetches them with ``take`` once the rank is free.
 
 Times come from ``clock()``, which the kernel also samples to measure this
-rank's clock offset (``pgnb.core.recording.measure_offsets``). Tests skew it with
+rank's clock offset (``pgnb.core.trace_run.measure_offsets``). Tests skew it with
 ``set_clock_skew`` to check that the kernel measures and corrects the offset.
 
 Like ``pgnb.rank.engine``, this module is sent by reference to the engines: it imports
