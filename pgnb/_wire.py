@@ -220,3 +220,49 @@ def stack_file(stack_dir: str, pid: int) -> str:
 def stack_socket(stack_dir: str, pid: int) -> str:
     """Where the engine with ``pid`` takes stack requests (a Unix datagram socket, 0600)."""
     return os.path.join(stack_dir, f"stacks-{pid}.sock")
+
+
+#: How one rank ran one test of the pytest plugin (``pgnb.rank.testing.run_test``).
+TestOutcome = Literal["passed", "failed", "skipped", "xfailed", "blocked", "timeout", "unimportable"]
+
+
+class TestCall(TypedDict):
+    """``pgnb.rank.testing.run_test``: one test function to run on every rank, and how."""
+
+    test_id: str  # unique in the session: names the store key a failing rank sets for the others
+    nodeid: str
+    module: str  # the test module's name as pytest imported it
+    path: str  # its file
+    base: str  # the directory its name is relative to (put on sys.path to import it)
+    qualname: str  # ``test_x`` or ``TestClass.test_x``
+    kwargs: bytes  # the pickled fixture and parameter values made in the pytest process (unpickled after the
+    # module is imported on the rank: a value may be of a class the test module defines)
+    on_rank: list[str]  # the parameters filled in on the rank: rank, world_size, device
+    seed: int  # every rank's RNGs are seeded with it before the test
+    timeout: float | None  # the rank stops waiting for its test after this (None: the kernel's deadline only)
+    cwd: str  # the directory every test starts in (the pytest process's)
+    rootdir: str  # tracebacks show paths relative to it
+
+
+class _TestReplyBase(TypedDict):
+    rank: int
+    outcome: TestOutcome
+    seconds: float
+
+
+class TestReply(_TestReplyBase, total=False):
+    """What one rank did with a ``TestCall``."""
+
+    ename: str
+    evalue: str
+    traceback: list[str]  # the test's frames (the runner's dropped), as Python prints them
+    failed_at: float  # time.time() when it raised: ranks are reported in this order
+    reason: str  # skipped / xfailed
+    stack: list[str]  # blocked / timeout: where the test's thread waits
+    blocked_by: int  # blocked: the rank whose failure this one saw
+    stdout: str
+    stderr: str
+    fd_output: str  # what was written to fd 1/2 (C++ logs, a C extension's printf)
+    leaks: list[str]  # what the test left behind, one line each (already undone)
+    clean: bool  # the world can run the next test (False: the test's thread is stuck, the group is gone)
+    group_count: int  # torch's group counter: ranks that disagree would name their next group differently

@@ -1,0 +1,378 @@
+"""The pytest plugin: ``@pytest.mark.world(n, ...)`` runs a test on every rank of a warm pgnb world.
+
+Registered as ``pgnb`` through the ``pytest11`` entry point. It is inert unless a
+test asks for a world: importing it imports neither torch nor ipyparallel, and
+nothing starts until the first test marked ``world`` (or using the
+``pgnb_world`` fixture) runs. docs/testing_distributed_code.md is the guide.
+
+How a test runs: the pytest process makes the test's fixtures, then one
+``Sandbox.execute`` cell calls ``pgnb.rank.testing.run_test`` on every rank. That
+one call imports the test module on the rank (by path, as pytest imported it),
+reseeds, runs the function, captures its output, and checks and undoes what it
+left behind. The verdict (``pgnb.testing.verdict``) comes back here: a pass, a
+skip that every rank agreed on, or a failure report with a section per rank,
+the first failing rank first. A test that failed, hung or left the world
+unusable has its world replaced; the next test gets a fresh one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import pickle
+import sys
+import warnings
+import zlib
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from ..core.sandbox import Sandbox
+    from ..spec import WorldSpec
+    from .verdict import Verdict
+    from .worlds import WorldPool
+
+MARKER = ("world(n, backend='gloo', init_method='env', timeout=None, **options): run the test on every rank "
+          "of a warm pgnb world of n ranks, with the default process group initialised (pgnb's plugin)")
+#: A world test's timeout when neither its marker, pgnb_timeout nor pytest-timeout says one (seconds).
+DEFAULT_TIMEOUT = 60.0
+#: pgnb's own deadline for the cell, past the test's (the ranks stop at the test's; this is for a rank that cannot).
+BACKSTOP = 5.0
+#: The parameters a world test's ranks fill in themselves.
+ON_RANK = ("rank", "world_size", "device")
+#: The marker's options that are not the world's: they do not pick a different world.
+TEST_OPTIONS = ("timeout",)
+
+_POOL = pytest.StashKey["WorldPool"]()
+_SPEC = pytest.StashKey["WorldSpec | str"]()  # the world a test runs on, or the one line why it cannot
+_SKIP = pytest.StashKey[str]()
+_COUNT = pytest.StashKey[int]()
+
+
+class WorldLeakWarning(UserWarning):
+    """A world test left something on its ranks (a process group, an environment variable, ...); pgnb undid it."""
+
+
+class WorldTestFailed(Exception):
+    """A world test's failure: its first line, and the report with a section per failing rank."""
+
+    def __init__(self, message: str, report: str = "") -> None:
+        super().__init__(message)
+        self.report = report or message
+
+
+# ---- hooks ---------------------------------------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("pgnb_timeout", f"seconds a @pytest.mark.world test may run (default {DEFAULT_TIMEOUT:g}, "
+                  "or pytest-timeout's timeout where given)", default="")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    pool = config.stash.get(_POOL, None)
+    if pool is not None:
+        pool.close()
+
+
+def world_pool(config: pytest.Config) -> WorldPool:
+    """This pytest process's warm worlds (made on first use; closed when the session ends)."""
+    pool = config.stash.get(_POOL, None)
+    if pool is None:
+        from .worlds import WorldPool
+
+        pool = config.stash[_POOL] = WorldPool()
+    return pool
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = item.get_closest_marker("world")
+        if marker is not None:
+            _check(item, marker)
+
+
+def _check(item: pytest.Item, marker: pytest.Mark) -> None:
+    """Read the marker once, at collection: the world it asks for, or one line why it cannot run."""
+    from ..errors import BackendUnavailable, SpecError
+
+    where = "@pytest.mark.world"
+    if not isinstance(item, pytest.Function) or type(item).__name__ == "TestCaseFunction":
+        item.stash[_SPEC] = (f"{where} cannot apply to {item.name!r}: it runs plain test functions and methods "
+                             "(for torch's MultiProcessTestCase classes use --pgnb-torch)")
+        return
+    fn = item.obj
+    if inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        item.stash[_SPEC] = f"{where} cannot apply to {item.name!r}: async and generator tests cannot run on ranks"
+        return
+    try:
+        item.stash[_SPEC] = world_spec(marker)
+    except BackendUnavailable as e:  # nccl with fewer GPUs than ranks: a skip, as torch's own tests do
+        item.stash[_SKIP] = str(e)
+    except (SpecError, TypeError) as e:
+        item.stash[_SPEC] = f"{where}{_marker_args(marker)}: {e}"
+
+
+def world_spec(marker: pytest.Mark) -> WorldSpec:
+    """The world a ``world`` marker asks for (raises ``pgnb.SpecError`` in one line)."""
+    from .worlds import WorldPool
+
+    if len(marker.args) > 1:
+        raise TypeError("give the world size as its one positional argument and the rest by name")
+    options = {k: v for k, v in marker.kwargs.items() if k not in TEST_OPTIONS}
+    if marker.args:
+        if "world" in options:
+            raise TypeError("the world size is given twice")
+        options["world"] = marker.args[0]
+    options.setdefault("world", 2)
+    return WorldPool.key(options)
+
+
+def _marker_args(marker: pytest.Mark) -> str:
+    return "(" + ", ".join([*map(repr, marker.args), *(f"{k}={v!r}" for k, v in marker.kwargs.items())]) + ")"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _SKIP in item.stash:
+        pytest.skip(item.stash[_SKIP])
+    spec = item.stash.get(_SPEC, None)
+    if isinstance(spec, str):
+        raise WorldTestFailed(spec)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    spec = pyfuncitem.stash.get(_SPEC, None)
+    if spec is None or isinstance(spec, str) or "pgnb_world" in pyfuncitem.fixturenames:
+        return None  # not a world test, or one that drives the world from here
+    run_on_ranks(pyfuncitem, spec)
+    return True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    if call.excinfo is not None and isinstance(call.excinfo.value, WorldTestFailed):
+        report.longrepr = call.excinfo.value.report
+    if report.failed and "pgnb_world" in getattr(item, "fixturenames", ()):
+        spec = item.stash.get(_SPEC, None)
+        if not isinstance(spec, str):  # a test that drove the world and failed leaves it dirty
+            world_pool(item.config).recycle(spec if spec is not None else _default_spec())
+    return report
+
+
+# ---- fixtures ------------------------------------------------------------
+def _on_rank(name: str) -> str:
+    return f"<{name}: filled in on each rank of a @pytest.mark.world test>"
+
+
+def _only_on_ranks(request: pytest.FixtureRequest, name: str) -> str:
+    if request.node.get_closest_marker("world") is None:
+        raise pytest.UsageError(f"the {name!r} fixture is for tests marked @pytest.mark.world(n): "
+                                "it is filled in on each rank")
+    return _on_rank(name)
+
+
+@pytest.fixture
+def rank(request: pytest.FixtureRequest) -> Any:
+    """This rank's number (``torch.distributed.get_rank()``), in a ``@pytest.mark.world`` test."""
+    return _only_on_ranks(request, "rank")
+
+
+@pytest.fixture
+def world_size(request: pytest.FixtureRequest) -> Any:
+    """The number of ranks, in a ``@pytest.mark.world`` test."""
+    return _only_on_ranks(request, "world_size")
+
+
+@pytest.fixture
+def device(request: pytest.FixtureRequest) -> Any:
+    """This rank's ``torch.device``: its GPU with nccl, else the CPU, in a ``@pytest.mark.world`` test."""
+    return _only_on_ranks(request, "device")
+
+
+@pytest.fixture
+def pgnb_world(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    """The warm ``pgnb.Sandbox`` of the test's ``world`` marker (or a gloo world of 2): the test runs here,
+    in the pytest process, and drives the ranks itself (``run``, ``execute``, ``push``, ``pull``)."""
+    spec = request.node.stash.get(_SPEC, None)
+    if isinstance(spec, str):
+        raise WorldTestFailed(spec)
+    yield world_pool(request.config).get(spec if spec is not None else _default_spec())
+
+
+def _default_spec() -> WorldSpec:
+    from .worlds import WorldPool
+
+    return WorldPool.key({"world": 2})
+
+
+# ---- running a test on the ranks ------------------------------------------
+def run_on_ranks(item: pytest.Function, spec: WorldSpec) -> None:
+    """Run ``item`` on every rank of its warm world; raise what pytest should report."""
+    from ..errors import PgnbError
+    from ..rank.testing import run_test  # noqa: F401 - the ranks import it; a broken import fails here first
+    from .verdict import decide
+
+    pool = world_pool(item.config)
+    timeout, rank_timeout = _timeouts(item)
+    debugging = _debugging(item.config)
+    call = _call(item, None if debugging else rank_timeout)
+    blob = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
+    code = f"__import__('pgnb.rank.testing', fromlist=['run_test']).run_test(__import__('pickle').loads({blob!r}))"
+    try:
+        sb = pool.get(spec)
+    except PgnbError as e:
+        pool.recycle(spec)
+        raise WorldTestFailed(f"the world for this test did not start: {e}") from None
+    options: dict[str, Any] = {}
+    if debugging:
+        options["on_input"] = _terminal_input(item.config)
+    try:
+        result = sb.execute(code, timeout=timeout + BACKSTOP, **options)
+    except BaseException:
+        pool.recycle(spec)
+        raise
+    verdict = decide(_rows(result), timeout)
+    for leak in verdict.leaks:
+        warnings.warn(WorldLeakWarning(f"{item.nodeid} {leak}"), stacklevel=1)
+    if verdict.dirty or verdict.kind == "failed":
+        pool.recycle(spec)
+    _outcome(item, verdict, debugging)
+
+
+def _outcome(item: pytest.Function, verdict: Verdict, debugging: bool) -> None:
+    if debugging:
+        for r, text in verdict.outputs.items():
+            sys.stdout.write(f"\n[rank {r}]\n{text}\n")
+    else:
+        for r, text in verdict.outputs.items():
+            item.add_report_section("call", f"rank {r}", text)
+    if verdict.kind == "skipped":
+        pytest.skip(verdict.message)
+    if verdict.kind == "xfailed":
+        pytest.xfail(verdict.message)
+    if verdict.kind == "failed":
+        raise WorldTestFailed(verdict.message, verdict.report)
+
+
+def _rows(result: Any) -> list[Any]:
+    from .verdict import RankRow
+
+    rows = []
+    for out in result.ranks:
+        value = out.value
+        if isinstance(value, dict) and "outcome" in value:
+            rows.append(RankRow(out.rank, value))  # type: ignore[arg-type]
+            continue
+        error = f"{out.ename}: {out.evalue}" if out.ename else ""
+        rows.append(RankRow(out.rank, None, out.state, error, tuple(out.traceback), tuple(out.stack),
+                            out.stdout, out.stderr))
+    return rows
+
+
+def _call(item: pytest.Function, rank_timeout: float | None) -> dict[str, Any]:
+    """The ``pgnb._wire.TestCall`` for ``item``: its module, its name, its fixture values."""
+    params = list(inspect.signature(item.obj).parameters)
+    on_rank = [n for n in params if n in ON_RANK and _ours(item, n)]
+    values = {n: item.funcargs[n] for n in params if n not in on_rank and n in item.funcargs}
+    kwargs = _pickled(values)
+    module = item.module
+    name = module.__name__ if module is not None else ""
+    path = str(getattr(module, "__file__", "") or item.path)
+    count = item.config.stash.get(_COUNT, 0) + 1
+    item.config.stash[_COUNT] = count
+    owner = f"{item.cls.__qualname__}." if item.cls is not None else ""
+    return {
+        "test_id": f"{os.getpid()}-{count}",
+        "nodeid": item.nodeid,
+        "module": name,
+        "path": path,
+        "base": _base(name, path),
+        "qualname": owner + item.originalname,
+        "kwargs": kwargs,
+        "on_rank": on_rank,
+        "seed": zlib.crc32(item.nodeid.encode()),
+        "timeout": rank_timeout,
+        "cwd": str(item.config.invocation_params.dir),
+        "rootdir": str(item.config.rootpath),
+    }
+
+
+def _ours(item: pytest.Function, name: str) -> bool:
+    """The parameter comes from this plugin's fixture (a conftest may define its own ``device``)."""
+    defs = item._fixtureinfo.name2fixturedefs.get(name)
+    return bool(defs) and getattr(defs[-1].func, "__module__", "") == __name__
+
+
+def _pickled(values: dict[str, Any]) -> bytes:
+    try:
+        return pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        for name, value in values.items():
+            try:
+                pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:
+                raise WorldTestFailed(f"the value of {name!r} cannot be sent to the ranks "
+                                      f"({type(e).__name__}: {e}); a world test's fixtures must pickle") from None
+        raise
+
+
+def _base(name: str, path: str) -> str:
+    """The directory ``name`` is relative to: ``/r/a/b/test_x.py`` as ``a.b.test_x`` -> ``/r``."""
+    parts = name.split(".")
+    base = os.path.dirname(os.path.abspath(path))
+    for _ in parts[:-1]:
+        base = os.path.dirname(base)
+    return base
+
+
+def _timeouts(item: pytest.Item) -> tuple[float, float]:
+    """The test's timeout, and the one its ranks keep (a little shorter under pytest-timeout, so pgnb's
+    report with every rank's stack comes before pytest-timeout's)."""
+    marker = item.get_closest_marker("world")
+    given = marker.kwargs.get("timeout") if marker is not None else None
+    if given is not None:
+        return float(given), float(given)
+    ini = str(item.config.getini("pgnb_timeout") or "")
+    if ini:
+        return float(ini), float(ini)
+    pt = item.get_closest_marker("timeout")
+    value: Any = pt.args[0] if pt is not None and pt.args else (pt.kwargs.get("timeout") if pt is not None else None)
+    if value is None:
+        try:
+            value = item.config.getini("timeout")
+        except ValueError:  # pytest-timeout is not installed
+            value = None
+    if value not in (None, "", 0, "0"):
+        t = float(value)
+        return t, max(t * 0.8, t - 2.0)
+    return DEFAULT_TIMEOUT, DEFAULT_TIMEOUT
+
+
+def _debugging(config: pytest.Config) -> bool:
+    """A rank's ``breakpoint()`` can be answered from this terminal (``-s``, or ``--pdb``)."""
+    return bool(config.getoption("capture", "fd") == "no" or config.getoption("usepdb", False))
+
+
+def _terminal_input(config: pytest.Config) -> Any:
+    capture = config.pluginmanager.getplugin("capturemanager")
+
+    def answer(rank: int, text: str) -> str | None:
+        head, _, prompt = text.rpartition("\n")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            if head:
+                sys.stdout.write(head + "\n")
+            try:
+                return input(prompt)
+            except EOFError:
+                return None
+
+    return answer

@@ -1,0 +1,94 @@
+"""Warm worlds for tests: one ``pgnb.Sandbox`` per distinct configuration, kept between tests.
+
+A test asks the pool for a world by its options (the ``pgnb.Sandbox`` keywords:
+``world``, ``backend``, ``init_method``, ``timeout``, ...). The first ask starts
+it; later asks with the same options get the same warm world, across tests,
+modules and classes. A test that failed, hung or left the world unusable
+``recycle``s it: that world is shut down at once and the next ask starts a
+fresh one. ``close`` stops them all (the end of a pytest session).
+
+Nothing here knows pytest; the plugin (``pgnb.testing.plugin``) and the runner
+of torch's own suites (``pgnb.testing.torch_suites``) build on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ..core.sandbox import Sandbox
+from ..spec import WorldSpec
+
+_log = logging.getLogger(__name__)
+
+#: A world's identity in the pool: its validated options (frozen, hashable).
+WorldKey = WorldSpec
+
+
+class WorldPool:
+    """Warm worlds by configuration.
+
+    >>> pool = WorldPool()                                 # doctest: +SKIP
+    >>> sb = pool.get({"world": 4})                        # starts it (~2 s)
+    >>> pool.get({"world": 4, "backend": "gloo"}) is sb    # the same options: the same warm world
+    True
+    >>> pool.recycle(pool.key({"world": 4}))               # dirty: stopped now, started afresh next time
+    >>> pool.close()
+    """
+
+    def __init__(self) -> None:
+        self._worlds: dict[WorldKey, Sandbox] = {}
+        self.starts = 0  # how many worlds this pool started (a test's report says when it paid for one)
+
+    @staticmethod
+    def key(options: Mapping[str, Any]) -> WorldKey:
+        """The validated configuration; raises ``pgnb.SpecError`` (one line) for bad options."""
+        return WorldSpec.validate(**dict(options))
+
+    def get(self, options: Mapping[str, Any] | WorldKey) -> Sandbox:
+        """The warm world for these options, started (and its group initialised) if need be.
+
+        Raises what ``Sandbox.start`` raises (``pgnb.EngineStartError``, ``pgnb.InitError``, ...);
+        a world that failed to start is not kept.
+        """
+        key = options if isinstance(options, WorldSpec) else self.key(options)
+        sb = self._worlds.get(key)
+        if sb is not None:
+            return sb
+        sb = Sandbox(spec=key)
+        try:
+            sb.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                sb.shutdown()
+            raise
+        self.starts += 1
+        self._worlds[key] = sb
+        return sb
+
+    def has(self, key: WorldKey) -> bool:
+        """A warm world of this configuration is running now."""
+        return key in self._worlds
+
+    def recycle(self, key: WorldKey | Sandbox) -> None:
+        """Shut this world down now; the next ``get`` of its configuration starts a fresh one."""
+        if isinstance(key, Sandbox):
+            key = next((k for k, v in self._worlds.items() if v is key), key.spec)
+        sb = self._worlds.pop(key, None)
+        if sb is None:
+            return
+        try:
+            sb.shutdown()
+        except Exception as e:  # it is going anyway; its processes are the reaper's if shutdown failed
+            _log.debug("recycling a world: %s", e)
+
+    def worlds(self) -> dict[WorldKey, Sandbox]:
+        """The warm worlds now, by configuration (a copy)."""
+        return dict(self._worlds)
+
+    def close(self) -> None:
+        """Shut every world down (idempotent)."""
+        for key in list(self._worlds):
+            self.recycle(key)
