@@ -21,6 +21,7 @@ from IPython.core.error import UsageError
 import pgnb
 from pgnb import CellInterrupted, RankValue
 from pgnb.core.busy import SETTLE
+from pgnb.core.cells import CellOptions
 from pgnb.core.stacks import trim_stack
 from pgnb.spec import init_command
 
@@ -94,7 +95,7 @@ def test_rich_display_comes_back_under_its_rank(ip):
 # ---- failures -------------------------------------------------------------
 def test_error_on_one_rank_names_it_with_its_traceback(world, ip):
     cell = "print('before', rank)\nif rank == 2:\n    raise RuntimeError('only rank 2')\nprint('after', rank)"
-    res = world.execute(cell, label=7)
+    res = world.run_cell(cell, CellOptions(label=7))
     err = res.error()
     assert isinstance(err, pgnb.RankError) and err.failed_ranks == [2]
     assert str(err) == "rank 2 raised RuntimeError: only rank 2"

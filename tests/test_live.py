@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from pgnb.core.cells import CellHooks, CellOptions
 from pgnb.core.live import RankProgress
 from pgnb.core.terminal import Lane, settle
 
@@ -96,7 +97,8 @@ def test_a_rank_blocked_in_a_collective_is_seen_waiting_without_trace_or_timeout
             seen.append((time.monotonic() - t0, [p.text() for p in ranks]))
 
     t0 = time.monotonic()
-    res = world4.execute("if rank == 0:\n    dist.all_reduce(torch.ones(1))\n", timeout=6, live=Sink())
+    res = world4.run_cell("if rank == 0:\n    dist.all_reduce(torch.ones(1))\n", CellOptions(timeout=6),
+                          CellHooks(output=Sink()))
     assert res.error() is not None  # rank 0 is still waiting at the --timeout
     first = next(t for t, states in seen if states[0].startswith("running") and "waiting in all_reduce" in states[0])
     assert first < 5.0, seen[-1]

@@ -15,6 +15,10 @@ obey) are asked where they are blocked (``pgnb.core.stacks``) and recorded in
 the world's busy registry, so the next call to them refuses at once.
 Tracing is passed in (a ``Recorder``, see ``pgnb.core.trace_run``): this
 module knows only its shape.
+
+A cell's options are one value (``CellOptions``: ranks, timeout, label, trace,
+profile, pdb) and what hears from it while it runs is one object
+(``CellHooks``: the live output's sink, the prompter that answers pdb).
 """
 
 from __future__ import annotations
@@ -24,16 +28,18 @@ import os
 import pickle
 import signal
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._wire import CellReply, DebugArgs, TraceArgs
 from ..rank import cell as rank_cell
 from ..spec import init_command
 from .busy import BusyEntry
-from .debug import DebugServer, Prompter
-from .live import LiveCell, LiveSink
+from .debug import CallbackPrompter, DebugServer, InputFn, Prompter
+from .live import CallbackSink, LiveCell, LiveSink, OutputFn
+from .remote import ENGINE_DIED, ename, is_local, outcome
 from .results import CellInterrupted, CellResult, RankOutput, RankValue
-from .stacks import Stack, dump_stacks, is_local
+from .stacks import Stack, dump_stacks
 from .trace import Trace
 from .world import World
 
@@ -51,27 +57,56 @@ class Recorder(Protocol):
     def collect(self, running: list[int]) -> Trace: ...
 
 
+@dataclass(frozen=True)
+class CellOptions:
+    """How one cell runs, as one value: ``%%pg``'s options, ``Sandbox.execute``'s keywords."""
+
+    ranks: tuple[int, ...] | None = None  # which ranks run it; None: every rank
+    timeout: float | None = None  # seconds until the ranks still running are reported; None: no deadline
+    label: int | None = None  # the notebook's cell number, which tracebacks show (``Cell In[label]``)
+    trace: bool = False  # record every torch.distributed call into ``result.trace``
+    profile: bool | str = False  # torch.profiler on every rank; a str is the path of the merged trace file
+    pdb: bool = False  # a rank that raises opens pdb where it raised (needs a prompter)
+
+
+@dataclass(frozen=True)
+class CellHooks:
+    """Who hears from a cell while it runs: where the ranks' output goes, who answers their pdb."""
+
+    output: LiveSink | None = None  # what the ranks print, and their states, as the cell runs (``pgnb.core.live``)
+    prompter: Prompter | None = None  # answers a rank's ``breakpoint()`` (``pgnb.core.debug``)
+    no_input: str = NO_INPUT  # without a prompter a breakpoint is skipped with this line
+
+    @classmethod
+    def calling(cls, on_output: OutputFn | None = None, on_input: InputFn | None = None) -> CellHooks:
+        """Hooks that call plain functions: ``on_output(rank, stream, data)``, ``on_input(rank, text)``."""
+        return cls(output=None if on_output is None else CallbackSink(on_output),
+                   prompter=None if on_input is None else CallbackPrompter(on_input))
+
+
+#: every rank, no deadline, nothing recorded
+DEFAULT_OPTIONS = CellOptions()
+#: no live output; a breakpoint is skipped with ``NO_INPUT``
+NO_HOOKS = CellHooks()
+
+
 def cell_name(label: int | None) -> str:
     """How messages name a cell: ``cell In [12]``, or ``an earlier cell`` from the API."""
     return f"cell In [{label}]" if label is not None else "an earlier cell"
 
 
-def run_cell(world: World, code: str, ranks: list[int] | None = None, timeout: float | None = None,
-             label: int | None = None, recording: Recorder | None = None, live: LiveSink | None = None,
-             prompter: Prompter | None = None, no_input: str = NO_INPUT, post_mortem: bool = False) -> CellResult:
-    """Run ``code`` on the ranks at once; wait until all finish (or ``timeout``); gather in rank order.
+def run_cell(world: World, code: str, options: CellOptions = DEFAULT_OPTIONS,
+             hooks: CellHooks = NO_HOOKS, recording: Recorder | None = None) -> CellResult:
+    """Run ``code`` on the ranks at once; wait until all finish (or ``options.timeout``); gather in rank order.
 
-    ``label`` is the notebook cell number tracebacks show (``Cell In[label]``).
     A ``KeyboardInterrupt`` while waiting interrupts the ranks and raises
     ``CellInterrupted`` carrying the result. ``recording``: the ranks'
-    torch.distributed calls are recorded into ``result.trace``. ``live``: what
-    the ranks print, and their states, as the cell runs (``pgnb.core.live``).
-    ``prompter`` answers a rank's ``breakpoint()`` (``pgnb.core.debug``); without
-    one a breakpoint is skipped with one line saying ``no_input``.
-    ``post_mortem`` (``%%pg --pdb``): a rank that raises opens pdb where it raised.
-    Time spent at a debugger prompt does not count against ``timeout``.
+    torch.distributed calls are recorded into ``result.trace`` (``options.trace``
+    is the caller's: it makes the recording). Time spent at a debugger prompt
+    does not count against the timeout.
     """
-    pairs = world.engines_for(ranks)
+    label, timeout, prompter = options.label, options.timeout, hooks.prompter
+    pairs = world.engines_for(options.ranks)
     client = world.client
     stack_dir = world.scratch_dir
     ars: list[tuple[int, Any]] = []
@@ -79,8 +114,8 @@ def run_cell(world: World, code: str, ranks: list[int] | None = None, timeout: f
     interrupted = False
     lost: dict[int, str] = {}
     watch: LiveCell | None = None
-    server = None if prompter is None else DebugServer(stack_dir, prompter, post_mortem)
-    debug: DebugArgs = server.args() if server is not None else {"path": None, "why": no_input}
+    server = None if prompter is None else DebugServer(stack_dir, prompter, options.pdb)
+    debug: DebugArgs = server.args() if server is not None else {"path": None, "why": hooks.no_input}
 
     def tick() -> None:
         if server is not None:
@@ -96,7 +131,7 @@ def run_cell(world: World, code: str, ranks: list[int] | None = None, timeout: f
             trace = None if recording is None else recording.engine_args(r)
             ars.append((r, client[e].apply_async(rank_cell.run_cell, code, label, stack_dir, trace=trace,
                                                  debug=debug)))
-        watch = None if live is None else LiveCell(world, ars, live, code)
+        watch = None if hooks.output is None else LiveCell(world, ars, hooks.output, code)
         # also stops soon after a rank's engine dies
         lost = world.wait_ranks(ars, until, tick=tick if (watch or server) else None)
     except KeyboardInterrupt:
@@ -115,7 +150,7 @@ def run_cell(world: World, code: str, ranks: list[int] | None = None, timeout: f
     rows = [_collect(r, ar, stacks.get(r)) for r, ar in ars]
     for row in rows:
         if row.rank in lost:
-            row.state, row.ename, row.evalue, row.traceback = "lost", "EngineError", lost[row.rank], []
+            row.state, row.ename, row.evalue, row.traceback = "lost", ENGINE_DIED, lost[row.rank], []
     result = CellResult(rows, world=world.spec.world, recover=init_command(world.spec), timeout=timeout,
                         interrupted=interrupted)
     if recording is not None:
@@ -161,11 +196,11 @@ def _collect(rank: int, ar: Any, stack: Stack | None) -> RankOutput:
     try:
         reply: CellReply = ar.get(timeout=0)
     except Exception as e:  # the apply itself failed: engine died, or interrupted outside the cell
-        if str(getattr(e, "ename", None) or type(e).__name__) == "EngineError":  # RemoteError wraps it
-            out.state, out.ename, out.evalue = "lost", "EngineError", "engine died"
+        if outcome(e) == "lost":
+            out.state, out.ename, out.evalue = "lost", ENGINE_DIED, "engine died"
             return out
         out.state = "failed"
-        out.ename = str(getattr(e, "ename", type(e).__name__))
+        out.ename = ename(e)
         out.evalue = str(getattr(e, "evalue", e))
     else:
         if not reply.get("ok", False):

@@ -26,7 +26,11 @@ from typing import Protocol
 
 from .._wire import DebugArgs
 from ..rank import debug as rank_debug
+from .waiting import poll_until
 from .world import World
+
+#: ``Sandbox.execute(on_input=fn)``: ``fn(rank, text)`` gets pdb's output ending in its prompt; the line to type
+InputFn = Callable[[int, str], str | None]
 
 
 class Prompter(Protocol):
@@ -42,7 +46,7 @@ class Prompter(Protocol):
 class CallbackPrompter:
     """``Sandbox.execute(on_input=fn)``: ``fn(rank, text)`` gets pdb's output ending in its prompt."""
 
-    def __init__(self, fn: Callable[[int, str], str | None]) -> None:
+    def __init__(self, fn: InputFn) -> None:
         self.fn = fn
         self.shown: dict[int, str] = {}
 
@@ -119,9 +123,12 @@ class DebugServer:
 
     def _wait_next(self, conn: _Conn) -> None:
         """The rank that was answered prints its next prompt, or ends: wait for it (bounded)."""
-        deadline = time.monotonic() + _NEXT_PROMPT_WAIT
-        while not conn.requests and not conn.closed and time.monotonic() < deadline:
-            self._read(0.05)
+        def spoke() -> bool:  # the select in _read is the wait: it returns as soon as the rank writes
+            if not (conn.requests or conn.closed):
+                self._read(0.05)
+            return bool(conn.requests) or conn.closed
+
+        poll_until(spoke, _NEXT_PROMPT_WAIT, step=0)
         if not conn.requests:
             self.current = None
 

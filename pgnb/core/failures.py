@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import time
 
 from ..errors import NotStartedError, RankLost, SpecError
+from .remote import is_local
+from .waiting import poll_until
 from .world import World
 
 #: Seconds to wait for pgnb's liveness watcher to notice the killed engine.
@@ -42,12 +42,10 @@ def kill_rank(sb: World, rank: int, wait: float = NOTICE_WAIT) -> str:
     row = sb.snapshot().ranks[rank]
     if row.pid is None:
         raise SpecError(f"rank {rank} has no engine process yet")
-    if row.host and row.host != socket.gethostname():
+    if row.host and not is_local(row.host):
         # another host: the engine's nanny passes the signal on
         sb.client.send_signal(signal.SIGKILL, targets=[engines[rank]], block=True)
         return f"sent SIGKILL to rank {rank}'s engine on host {row.host}"
     os.kill(row.pid, signal.SIGKILL)
-    deadline = time.monotonic() + wait
-    while not sb.lost_ranks([rank]) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    poll_until(lambda: sb.lost_ranks([rank]), wait)  # the watcher's notice is a look at the world, not an event
     return f"killed rank {rank}'s engine (SIGKILL), as a crash or the out-of-memory killer would"

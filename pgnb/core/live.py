@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from .remote import ename, outcome
 from .stacks import dump_stacks
 from .world import World
 
@@ -36,6 +37,8 @@ SAMPLE_EVERY = 1.0
 
 Stream = Literal["stdout", "stderr", "display"]
 LiveState = Literal["running", "finished", "failed", "lost"]
+#: ``Sandbox.execute(on_output=fn)``: ``fn(rank, stream, data)``
+OutputFn = Callable[[int, Stream, Any], None]
 
 #: a frame line of a trimmed stack in torch.distributed, with or without its line number
 _TORCH_FRAME = re.compile(r'torch/distributed/[^\s",]+"?(?:, line \d+)?, in (?P<func>\w+)')
@@ -85,7 +88,7 @@ class LiveSink(Protocol):
 class CallbackSink:
     """``Sandbox.execute(on_output=fn)``: ``fn(rank, stream, data)`` for every piece, in arrival order."""
 
-    def __init__(self, fn: Callable[[int, str, Any], None]) -> None:
+    def __init__(self, fn: OutputFn) -> None:
         self.fn = fn
 
     def update(self, events: list[OutputEvent], ranks: list[RankProgress]) -> None:
@@ -208,8 +211,7 @@ def _outcome(ar: Any) -> tuple[LiveState, str]:
     try:
         reply = ar.get(timeout=0)
     except Exception as e:  # the apply failed: an engine that died, or an interrupt outside the cell
-        ename = str(getattr(e, "ename", None) or type(e).__name__)
-        return ("lost", "") if ename == "EngineError" else ("failed", ename)
+        return ("lost", "") if outcome(e) == "lost" else ("failed", ename(e))
     if isinstance(reply, dict) and not reply.get("ok", True):
         return "failed", str(reply.get("ename", ""))
     return "finished", ""

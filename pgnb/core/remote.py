@@ -56,7 +56,8 @@ def died(ar: Any) -> bool:
 
 
 class Hosted(Protocol):
-    host: str
+    @property
+    def host(self) -> str: ...  # read-only: an EngineInfo is frozen
 
 
 def is_local(where: Hosted | str) -> bool:

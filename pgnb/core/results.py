@@ -9,7 +9,7 @@ error for the ranks that did not finish.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .._wire import CellState
 from ..errors import CellTimeout, RankError, RankLost
@@ -19,6 +19,9 @@ from .text import lost_text, one_line, ranks_text
 from .trace import Trace
 
 _SYNTAX_ERRORS = ("SyntaxError", "IndentationError", "TabError")
+
+#: what a rank's heading says when the cell ended early: its state, or ``interrupted`` for a rank Ctrl-C stopped
+RankLabel = CellState | Literal["interrupted"]
 
 
 class CellInterrupted(KeyboardInterrupt):
@@ -117,7 +120,7 @@ class CellResult:
                 r.stdout or r.stderr or r.outputs or r.result is not None
             ):
                 continue
-            state: str = r.state  # a label: a CellState, or "interrupted"
+            state: RankLabel = r.state
             if self.interrupted and r.ename == "KeyboardInterrupt":
                 state = "interrupted"
             out.append(("stdout", f"[rank {r.rank}]" + (f" {state}" if with_state else "") + "\n"))

@@ -12,9 +12,9 @@ from typing import Any
 
 from ..errors import SpecError
 from ..rank import values
-from .cells import NO_INPUT, run_cell
-from .debug import CallbackPrompter, Prompter, post_mortem
-from .live import CallbackSink, LiveSink
+from .cells import DEFAULT_OPTIONS, NO_HOOKS, CellHooks, CellOptions, run_cell
+from .debug import CallbackPrompter, InputFn, Prompter, post_mortem
+from .live import OutputFn
 from .profile_run import Profiling
 from .results import CellInterrupted, CellResult
 from .trace_run import Recording
@@ -31,11 +31,9 @@ class Sandbox(World):
     The keywords are the options of ``pgnb.spec.WorldSpec`` (the same as ``%pg_init``'s).
     """
 
-    def execute(self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None,
-                label: int | None = None, trace: bool = False, profile: bool | str = False,
-                on_output: Callable[[int, str, Any], None] | None = None, live: LiveSink | None = None,
-                on_input: Callable[[int, str], str | None] | None = None, prompter: Prompter | None = None,
-                pdb: bool = False, no_input: str | None = None) -> CellResult:
+    def execute(self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None, *,
+                trace: bool = False, profile: bool | str = False, pdb: bool = False,
+                on_output: OutputFn | None = None, on_input: InputFn | None = None) -> CellResult:
         """Run a code string in each rank's namespace; a ``CellResult`` in rank order.
 
         A rank's error is in the result (``result.error()``), not raised; ranks still
@@ -47,31 +45,35 @@ class Sandbox(World):
         for the N-th profiled cell since the kernel started, or the path given as ``profile``).
         ``on_output(rank, stream, data)`` is called as the output arrives (stream
         ``"stdout"``/``"stderr"`` with text, ``"display"`` with a mime bundle), from
-        this thread, at most ten times a second in all; ``live`` is the general form
-        (a ``pgnb.core.live.LiveSink``, which also gets every rank's state).
+        this thread, at most ten times a second in all.
         ``on_input(rank, text)`` answers a rank's ``breakpoint()``: ``text`` is what pdb
         printed, ending in its prompt ``(Pdb rank N)``; return the line to type (None
         quits the debugger). Without it a breakpoint is skipped with one line.
         ``pdb``: a rank that raises opens pdb where it raised (needs ``on_input``).
-        ``no_input``: what a skipped breakpoint says, when nothing answers.
         """
-        if on_output is not None:
-            live = CallbackSink(on_output)
-        if on_input is not None:
-            prompter = CallbackPrompter(on_input)
-        chosen = None if ranks is None else list(ranks)
+        options = CellOptions(ranks=None if ranks is None else tuple(ranks), timeout=timeout,
+                              trace=trace, profile=profile, pdb=pdb)
+        return self.run_cell(code, options, CellHooks.calling(on_output, on_input))
+
+    def run_cell(self, code: str, options: CellOptions = DEFAULT_OPTIONS, hooks: CellHooks = NO_HOOKS) -> CellResult:
+        """``execute`` with the cell's options as one value and its hooks as one object (what ``%%pg`` calls).
+
+        ``pgnb.core.cells.CellOptions`` also has the notebook's cell number (``label``);
+        ``CellHooks`` takes any ``pgnb.core.live.LiveSink`` (which also gets every rank's
+        state) and ``pgnb.core.debug.Prompter``, and what a skipped breakpoint says.
+        """
+        chosen = options.ranks
         recording = None
-        if trace or profile:
+        if options.trace or options.profile:
             self.engines_for(chosen)  # refuse before measuring clocks on a busy or lost rank
-        if trace:
+        if options.trace:
             recording = Recording(self, chosen)
         profiling = None
-        if profile:
-            profiling = Profiling(self, chosen, path=profile if isinstance(profile, str) else None,
+        if options.profile:
+            profiling = Profiling(self, chosen, path=options.profile if isinstance(options.profile, str) else None,
                                   offsets=None if recording is None else recording.offsets)
         try:
-            result = run_cell(self, code, ranks=chosen, timeout=timeout, label=label, recording=recording,
-                              live=live, prompter=prompter, post_mortem=pdb, no_input=no_input or NO_INPUT)
+            result = run_cell(self, code, options, hooks, recording)
         except CellInterrupted as e:
             if profiling is not None:
                 e.result.profile = profiling.finish(*_unfinished(e.result))

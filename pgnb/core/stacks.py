@@ -15,14 +15,15 @@ import linecache
 import os
 import re
 import socket
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .._wire import stack_file, stack_socket
 from ..rank import trace as rank_trace
 from ..rank.cell import short_path
+from .remote import is_local
 from .rendezvous import EngineInfo
+from .waiting import poll_until
 
 #: Seconds to wait for a rank's stack dump to be written.
 STACK_WAIT = 1.0
@@ -49,10 +50,6 @@ class Stack:
     note: str = ""  # why there are no frames
 
 
-def is_local(info: EngineInfo) -> bool:
-    return info.host == socket.gethostname()
-
-
 def dump_stacks(infos: Mapping[int, EngineInfo], stack_dir: str, code: str = "") -> dict[int, Stack]:
     """Ask each rank of ``infos`` (``rank -> its engine``) for its Python stack.
 
@@ -77,15 +74,17 @@ def dump_stacks(infos: Mapping[int, EngineInfo], stack_dir: str, code: str = "")
                 continue
             asked[r] = (path, size)
     # the rank writes its whole dump in one write, ending in a blank line (pgnb.rank.stacks.dump_text)
-    deadline = time.monotonic() + STACK_WAIT
     dumps: dict[int, str] = {}
-    while asked.keys() - dumps.keys() and time.monotonic() < deadline:
-        time.sleep(0.01)
+
+    def all_written() -> bool:
         for r, (path, size) in asked.items():
             if r not in dumps:
                 text = _read_from(path, size)
                 if text.endswith("\n\n"):
                     dumps[r] = text
+        return not asked.keys() - dumps.keys()
+
+    poll_until(all_written, STACK_WAIT, step=0.01)
     for r in asked:
         if r in dumps:
             frames, where = trim_stack(dumps[r], code)

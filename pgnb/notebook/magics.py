@@ -1,8 +1,10 @@
 """The magics: parse the arguments, delegate to the Sandbox, display.
 
 Every ``PgnbError`` becomes a plain ``UsageError`` (IPython shows it as one
-line and fails the cell); nothing here prints-and-continues. The options of
-``%pg_init`` come from ``pgnb.spec.WorldSpec``'s fields, the one table of them.
+line and fails the cell), in one place: ``pgnb.notebook.guard.guarded``;
+nothing here prints-and-continues. The options of ``%pg_init`` come from
+``pgnb.spec.WorldSpec``'s fields, the one table of them; ``%%pg``'s line is
+read into one ``CellOptions`` and the cell runs through ``Sandbox.run_cell``.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from IPython.core.magic_arguments import (
 )
 from IPython.display import display
 
+from ..core.cells import NO_INPUT, CellHooks, CellOptions
 from ..core.failures import kill_rank
 from ..core.results import CellInterrupted, CellResult
 from ..core.sandbox import Sandbox
 from ..core.show import gather
 from ..core.terminal import TerminalSink
-from ..errors import NOT_STARTED, PgnbError
+from ..errors import NOT_STARTED
 from ..spec import WorldSpec, option_fields, parse_ranks
 from .current import current, set_current
 from .guard import ErrorLog, guarded
@@ -70,7 +73,8 @@ def _world_options(magic: _F) -> _F:
 
 @magics_class
 class PgMagics(Magics):
-    """``%pg_init``, ``%%pg``, ``%pg_status``, ``%pg_destroy``, ``%pg_shutdown``."""
+    """``%pg_init``, ``%%pg``, ``%pg_status``, ``%pg_show``, ``%pg_debug``, ``%pg_kill``, ``%pg_destroy``,
+    ``%pg_shutdown``."""
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
@@ -98,6 +102,11 @@ class PgMagics(Magics):
             raise UsageError(NOT_STARTED)
         return sb
 
+    def _shell(self) -> Any:
+        if self.shell is None:  # IPython's Magics allows none; load_ipython_extension always passes its shell
+            raise RuntimeError("%%pg needs the shell its magics were registered on")
+        return self.shell
+
     # ---- %pg_init ---------------------------------------------------------
     @line_magic
     @guarded("%pg_init", "starting the world")
@@ -107,10 +116,7 @@ class PgMagics(Magics):
     def pg_init(self, line: str) -> None:
         """Start or reuse engines and initialise the default process group on every rank."""
         args = _parse(self.pg_init, line)
-        try:
-            spec = WorldSpec.validate(**{f.name: getattr(args, f.name) for f in option_fields()})
-        except PgnbError as e:
-            raise UsageError(str(e)) from None
+        spec = WorldSpec.validate(**{f.name: getattr(args, f.name) for f in option_fields()})
         sb = current()
         if (sb is not None and not args.force and spec == sb.spec and sb.is_initialized
                 and all(r.state == "initialized" for r in sb.status())):
@@ -120,10 +126,7 @@ class PgMagics(Magics):
             sb = Sandbox(spec=spec)
             set_current(sb)
         self._show_view(sb, live=True, spec=spec)
-        try:
-            sb.init(spec, force=args.force)
-        except PgnbError as e:
-            raise UsageError(str(e)) from None
+        sb.init(spec, force=args.force)
         display(WorldReport(sb.snapshot()))
 
     # ---- %%pg ---------------------------------------------------------------
@@ -169,59 +172,10 @@ class PgMagics(Magics):
         """
         args = _parse(self.pg, line)
         sb = self._world()
-        try:
-            ranks = parse_ranks(args.ranks, sb.spec.world)
-            timeout = None if args.timeout is None else _positive_seconds(args.timeout)
-            push = _names("--push", args.push)
-            out_name = _names("--out", args.out)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        if len(out_name) > 1:
-            raise UsageError(f"--out takes one variable name, not {args.out!r}")
-        shell = self.shell
-        if shell is None:  # IPython's Magics allows none; load_ipython_extension always passes its shell
-            raise RuntimeError("%%pg needs the shell its magics were registered on")
-        missing = [n for n in push if n not in shell.user_ns]
-        if missing:
-            raise UsageError(f"--push {missing[0]}: no variable {missing[0]!r} in the notebook; define it first")
-        view: LiveView | None = None
-        sink: LiveView | TerminalSink | None = None
-        result: CellResult | None = None
-        try:
-            if push:
-                sb.push({n: shell.user_ns[n] for n in push}, ranks=ranks)
-            sb.engines_for(ranks)  # refuse a busy or lost rank before showing anything
-            if getattr(shell, "kernel", None) is not None:  # a notebook: a live view the frontend updates
-                view = sink = LiveView(list(range(sb.spec.world)) if ranks is None else ranks)
-                display(view)
-            elif _is_terminal(shell):
-                sink = TerminalSink()
-            prompter, no_input = _prompter(shell)
-            result = sb.execute(cell, ranks=ranks, timeout=timeout, label=shell.execution_count,
-                                trace=args.trace, profile=args.profile, live=sink, prompter=prompter, pdb=args.pdb,
-                                no_input=no_input or None)
-        except CellInterrupted as e:
-            result = e.result
-        except PgnbError as e:
-            raise UsageError(str(e)) from None
-        finally:
-            if view is not None:
-                view.finish(result)
-            if isinstance(sink, TerminalSink):
-                sink.close()
-        render_cell_result(result, streamed=isinstance(sink, TerminalSink))
-        if result.trace is not None:
-            shell.user_ns["_pg_trace"] = result.trace
-            display(result.trace)
-            display(timeline(result.trace))
-        if result.profile is not None:
-            shell.user_ns["_pg_profile"] = result.profile
-            display(ProfileView(result.profile))
+        shell = self._shell()
+        options, push, out = _read_cell_line(args, sb.spec.world, shell)
+        result = _run_in_notebook(shell, sb, cell, options, push, out)
         self._failed = [r.rank for r in result.ranks if r.state == "failed"]
-        values = result.values
-        shell.user_ns["_pg"] = values
-        if out_name:
-            shell.user_ns[out_name[0]] = values
         err = result.error()
         if err is not None:
             raise UsageError(str(err))
@@ -240,7 +194,7 @@ class PgMagics(Magics):
         try:
             ranks = parse_ranks(args.ranks, sb.spec.world)
             values = gather(args.name, ranks=ranks, world=sb)
-        except (ValueError, PgnbError) as e:  # bad --ranks, a name that is no name, a busy or lost rank
+        except ValueError as e:  # bad --ranks, a name that is no name (a busy or lost rank: guarded says it)
             raise UsageError(str(e)) from None
         display(ShowView(values))
 
@@ -267,10 +221,7 @@ class PgMagics(Magics):
         if prompter is None:  # as a skipped breakpoint: say so, and the notebook goes on
             print(f"%pg_debug {rank} skipped: {no_input}")
             return
-        try:
-            note = sb.debug(rank, prompter=prompter)
-        except PgnbError as e:
-            raise UsageError(str(e)) from None
+        note = sb.debug(rank, prompter=prompter)
         if note:
             raise UsageError(note)
 
@@ -286,10 +237,7 @@ class PgMagics(Magics):
         sb = self._world()
         if not (args.rank.isascii() and args.rank.isdigit()):
             raise UsageError(f"%pg_kill takes one rank number, e.g. %pg_kill 1, not {args.rank!r}")
-        try:
-            print(kill_rank(sb, int(args.rank)))
-        except PgnbError as e:
-            raise UsageError(str(e)) from None
+        print(kill_rank(sb, int(args.rank)))
 
     # ---- %pg_status / %pg_destroy / %pg_shutdown ----------------------------
     @line_magic
@@ -315,10 +263,7 @@ class PgMagics(Magics):
         """destroy_process_group() on every rank; the engines stay for a fast re-init."""
         _parse(self.pg_destroy, line)
         sb = self._world()
-        try:
-            sb.destroy()
-        except PgnbError as e:
-            raise UsageError(str(e)) from None
+        sb.destroy()
         display(WorldReport(sb.snapshot()))
 
     @line_magic
@@ -332,6 +277,65 @@ class PgMagics(Magics):
             return  # nothing to stop; shutting down twice is fine
         sb.shutdown()
         display(WorldReport(sb.snapshot()))
+
+
+def _read_cell_line(args: Any, world: int, shell: Any) -> tuple[CellOptions, dict[str, Any], str | None]:
+    """``%%pg``'s parsed line: the cell's options, the notebook values to push first, the name for ``--out``."""
+    try:
+        ranks = parse_ranks(args.ranks, world)
+        timeout = None if args.timeout is None else _positive_seconds(args.timeout)
+        push = _names("--push", args.push)
+        out = _names("--out", args.out)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if len(out) > 1:
+        raise UsageError(f"--out takes one variable name, not {args.out!r}")
+    missing = [n for n in push if n not in shell.user_ns]
+    if missing:
+        raise UsageError(f"--push {missing[0]}: no variable {missing[0]!r} in the notebook; define it first")
+    options = CellOptions(ranks=None if ranks is None else tuple(ranks), timeout=timeout,
+                          label=shell.execution_count, trace=args.trace, profile=args.profile, pdb=args.pdb)
+    return options, {n: shell.user_ns[n] for n in push}, out[0] if out else None
+
+
+def _run_in_notebook(shell: Any, sb: Sandbox, cell: str, options: CellOptions, push: dict[str, Any],
+                     out: str | None) -> CellResult:
+    """Run a ``%%pg`` cell: live while it runs, then its grouped output, its trace and profile, ``_pg``."""
+    ranks = None if options.ranks is None else list(options.ranks)
+    view: LiveView | None = None
+    sink: LiveView | TerminalSink | None = None
+    result: CellResult | None = None
+    try:
+        if push:
+            sb.push(push, ranks=ranks)
+        sb.engines_for(ranks)  # refuse a busy or lost rank before showing anything
+        if getattr(shell, "kernel", None) is not None:  # a notebook: a live view the frontend updates
+            view = sink = LiveView(list(range(sb.spec.world)) if ranks is None else ranks)
+            display(view)
+        elif _is_terminal(shell):
+            sink = TerminalSink()
+        prompter, no_input = _prompter(shell)
+        result = sb.run_cell(cell, options, CellHooks(output=sink, prompter=prompter, no_input=no_input or NO_INPUT))
+    except CellInterrupted as e:
+        result = e.result
+    finally:
+        if view is not None:
+            view.finish(result)
+        if isinstance(sink, TerminalSink):
+            sink.close()
+    render_cell_result(result, streamed=isinstance(sink, TerminalSink))
+    if result.trace is not None:
+        shell.user_ns["_pg_trace"] = result.trace
+        display(result.trace)
+        display(timeline(result.trace))
+    if result.profile is not None:
+        shell.user_ns["_pg_profile"] = result.profile
+        display(ProfileView(result.profile))
+    values = result.values
+    shell.user_ns["_pg"] = values
+    if out is not None:
+        shell.user_ns[out] = values
+    return result
 
 
 class _Prompter:
