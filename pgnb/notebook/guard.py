@@ -8,13 +8,17 @@
   elsewhere in a magic names what the magic was doing;
 - any other exception is a bug of pgnb's: one line naming pgnb, what the magic was doing and the
   recovery command, while the full traceback is kept in an ``ErrorLog`` that
-  ``%pg_status --debug`` prints (the last ``KEPT`` of them, in this kernel's memory only).
+  ``%pg_status --debug`` prints (the last ``KEPT`` of them, in this kernel's memory only),
+  and the error itself where ``%debug``, ``%tb`` and ``pdb.pm()`` look for the last one
+  (``sys.last_value`` and its kin: IPython stores the one line there, so once the cell is
+  over ``ErrorLog.after_cell`` puts the error back).
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -38,11 +42,27 @@ class ErrorLog:
 
     def __init__(self) -> None:
         self._entries: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=KEPT)
+        #: the last internal error, and the one line the cell showed for it, until the cell is over
+        self._unclaimed: tuple[UsageError, BaseException] | None = None
 
     def add(self, magic: str, doing: str, exc: BaseException) -> None:
         stamp = time.strftime("%H:%M:%S")
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         self._entries.append((stamp, f"{magic} while {doing}", text))
+
+    def shown_as(self, line: UsageError, exc: BaseException) -> None:
+        """The cell shows ``line`` for the internal error ``exc``: keep ``exc`` for ``%debug``."""
+        keep_for_debugger(exc)
+        self._unclaimed = (line, exc)
+
+    def after_cell(self, shell: Any) -> None:
+        """The cell is over: if its error is an internal error's one line, ``%debug`` gets the error instead."""
+        if self._unclaimed is None:
+            return
+        line, exc = self._unclaimed
+        self._unclaimed = None
+        if getattr(sys, "last_value", None) is line:
+            keep_for_debugger(exc, shell)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -54,6 +74,20 @@ class ErrorLog:
         for stamp, what, text in self._entries:
             parts.append(f"--- {stamp} {what}\n{text.rstrip()}")
         return "\n".join(parts)
+
+
+def keep_for_debugger(exc: BaseException, shell: Any = None) -> None:
+    """Make ``exc`` the last error, for ``%debug``, ``%tb`` and ``pdb.pm()``.
+
+    IPython's ``%debug`` prefers the traceback it formatted last, which is an
+    older error's (a ``UsageError`` is shown without one): that one is dropped.
+    """
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+    if sys.version_info >= (3, 12):
+        sys.last_exc = exc
+    formatter = getattr(shell, "InteractiveTB", None)
+    if formatter is not None and getattr(formatter, "tb", None) is not None:
+        formatter.tb = None
 
 
 def internal_error_line(magic: str, doing: str, exc: BaseException) -> str:
@@ -89,10 +123,14 @@ def guarded(magic: str, doing: str) -> Callable[[_F], _F]:
             except PgnbError as e:
                 raise UsageError(str(e)) from None
             except Exception as e:
+                line = UsageError(internal_error_line(magic, doing, e))
                 log = getattr(self, "errors", None)
                 if isinstance(log, ErrorLog):
                     log.add(magic, doing, e)
-                raise UsageError(internal_error_line(magic, doing, e)) from None
+                    log.shown_as(line, e)
+                else:
+                    keep_for_debugger(e)
+                raise line from None
 
         return cast(_F, run)
 

@@ -84,6 +84,12 @@ class PgMagics(Magics):
         self.errors = ErrorLog()
         #: the ranks that failed in the last %%pg cell (%pg_debug's default)
         self._failed: list[int] = []
+        if shell is not None:
+            shell.events.register("post_run_cell", self._after_cell)
+
+    def _after_cell(self, result: Any) -> None:
+        """IPython has stored the cell's error (a one-line UsageError): an internal error goes where %debug looks."""
+        self.errors.after_cell(self.shell)
 
     def _show_view(self, sb: Sandbox, live: bool, spec: WorldSpec | None = None) -> StatusView:
         # The view before freezes at its world's last state, as one static HTML widget (~30 widgets
