@@ -12,12 +12,16 @@ import os
 import subprocess
 import sys
 import time
+from typing import get_args
 
+import ipywidgets as W
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
 
 from pgnb.core.cells import CellHooks, CellOptions
-from pgnb.core.live import RankProgress
+from pgnb.core.live import LiveState, OutputEvent, RankProgress
 from pgnb.core.terminal import Lane, settle
+from pgnb.notebook.live import STATE_COLOURS, LiveView
 
 TICKS = "import time\nfor i in range({n}):\n    print('tick', i, flush=True)\n    time.sleep({every})\n"
 BAR = ("from tqdm.auto import tqdm\nimport time\nfor _ in tqdm(range(20), desc=f'rank {rank}', mininterval=0):\n"
@@ -60,6 +64,43 @@ def test_rank_states_read_as_the_view_shows_them():
     assert RankProgress(2, "failed", 1.0, ename="ZeroDivisionError").text() == "failed (ZeroDivisionError)"
     assert RankProgress(3, "lost", 1.0).text() == "lost"
 
+
+# ---- the live view, without a kernel ---------------------------------------------------------------
+def test_every_live_state_has_its_colour():
+    """mypy checks that every key is a state; this, that no state is missing."""
+    assert set(STATE_COLOURS) == set(get_args(LiveState))
+
+
+def test_the_live_view_is_a_widget_per_lane_and_an_update_sends_only_what_changed(monkeypatch):
+    InteractiveShell.instance()
+    sent = []
+    send = W.Widget._send
+
+    def spy(self, msg, buffers=None):
+        sent.append((self, msg))
+        return send(self, msg, buffers)
+
+    monkeypatch.setattr(W.Widget, "_send", spy)
+    view = LiveView([0, 1])
+    title = view.children[0]
+    assert view.children == (title,)  # no lanes before the first update: a quick cell opens two comms
+    running = [RankProgress(0, "running", 0.5), RankProgress(1, "running", 0.5)]
+    view.update([OutputEvent(0, "stdout", "hello\n")], running)
+    lanes = view.children[1:]
+    assert [lane._dom_classes for lane in lanes] == [("pgnb-lane", "pgnb-lane-0"), ("pgnb-lane", "pgnb-lane-1")]
+    assert "hello" in lanes[0].children[1].value and "running 0.5 s" in lanes[0].children[0].value
+    sent.clear()
+    view.update([OutputEvent(1, "stdout", "tick\n")], running)  # the same states; rank 1 printed a line
+    changed = [json.dumps(msg["state"]) for w, msg in sent if w is not title]  # (the title's clock moves)
+    assert len(changed) == 1 and "data-rank='1'" in changed[0] and "tick" in changed[0], changed
+    sent.clear()
+    view.update([], [RankProgress(0, "running", 0.5), RankProgress(1, "failed", 0.6, ename="ValueError")])
+    changed = [json.dumps(msg["state"]) for w, msg in sent if w is not title]
+    assert len(changed) == 1 and "failed (ValueError)" in changed[0], changed  # rank 1's state line only
+    parts = [w for lane in lanes for w in (lane, *lane.children)]
+    view.finish(None)
+    assert view.children == (title,) and "stopped" in title.value
+    assert all(w.comm is None for w in parts)  # the lanes' widgets are closed, not left in the kernel
 
 # ---- the stream, from Python -----------------------------------------------------------------
 @pytest.mark.integration

@@ -11,9 +11,10 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.display import display
 from IPython.utils.capture import capture_output
 
+from pgnb._wire import RANK_STATES
 from pgnb.core.report import status_table
 from pgnb.core.world import RankStatus, Snapshot
-from pgnb.notebook.view import REPLACED, SHUT_DOWN, SUPERSEDED, StatusView, WorldReport
+from pgnb.notebook.view import REPLACED, SHUT_DOWN, STATE_COLOURS, SUPERSEDED, StatusView, WorldReport
 from pgnb.spec import WorldSpec
 
 
@@ -272,3 +273,8 @@ def test_the_shut_down_button_freezes_its_own_view(sb):
     stop.click()  # closes the button it was clicked on: the view freezes inside the click
     assert view.frozen == SHUT_DOWN and stop.comm is None
     assert _static_states(view) == ["initialized"] * 4 and "pgnb-phase'>shut down<" in _static(view)
+
+
+def test_every_rank_state_has_its_colour():
+    """mypy checks that every key is a state; this, that no state is missing."""
+    assert set(STATE_COLOURS) == set(RANK_STATES)

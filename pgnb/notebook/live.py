@@ -1,33 +1,42 @@
 """The live area under a running ``%%pg`` cell.
 
-``LiveView`` is one ipywidgets HTML widget: a lane per rank with what the rank
-printed so far (``\\r`` redraws its line, so a progress bar is one updating
-line) and its state (running with elapsed time, waiting in a collective,
-finished, failed, lost). Updates are widget state changes, which nbval
-ignores; the view's ``text/plain`` is one line fixed when it is displayed,
-the same on every run and in a saved notebook. When the cell ends the view
-collapses to a one-line summary, and the grouped output below it is what the
-notebook keeps. (A terminal IPython gets ``pgnb.core.terminal.TerminalSink``
-instead.)
+``LiveView`` is a grid of ipywidgets: a title line, then a lane per rank with
+what the rank printed so far (``\\r`` redraws its line, so a progress bar is
+one updating line) and its state (running with elapsed time, waiting in a
+collective, finished, failed, lost). Each lane's state line, text and displays
+are widgets of their own, so an update sends only the parts that changed: a
+rank's elapsed time, not every rank's text again. The lanes are made at the
+first update, so a cell that ends before it (most quick cells) opens two comms,
+not three per rank. Updates are widget state changes, which nbval ignores; the
+view's ``text/plain`` is one line fixed when it is displayed, the same on every
+run and in a saved notebook. When the cell ends the view collapses to its title,
+a one-line summary, and the grouped output below it is what the notebook keeps.
+(A terminal IPython gets ``pgnb.core.terminal.TerminalSink`` instead.)
 """
 
 from __future__ import annotations
 
 import html
 import time
-from typing import Any
+from contextlib import ExitStack
+from typing import Any, Literal
 
 import ipywidgets as W
 from ipywidgets.widgets.widget_string import HTMLStyle
 
-from ..core.live import OutputEvent, RankProgress
+from ..core.live import LiveState, OutputEvent, RankProgress
 from ..core.results import CellResult
 from ..core.terminal import Lane
 from ..core.text import ranks_text
 
 #: Lines of a lane drawn in the view (the lane keeps more; the notebook keeps everything).
 SHOWN_LINES = 40
-STATE_COLOURS = {"running": "#1565c0", "finished": "#2e7d32", "failed": "#c62828", "lost": "#6a1b9a"}
+STATE_COLOURS: dict[LiveState, str] = {
+    "running": "#1565c0",
+    "finished": "#2e7d32",
+    "failed": "#c62828",
+    "lost": "#6a1b9a",
+}
 _PRE = ("margin:0;padding:2px 6px;max-height:14em;overflow:auto;white-space:pre-wrap;"
         "font-family:var(--jp-code-font-family,monospace);font-size:12px;background:var(--jp-layout-color2,#f5f5f5)")
 
@@ -37,14 +46,53 @@ def live_text(ranks: list[int]) -> str:
     return f"pgnb: live output of {ranks_text(ranks)} while the cell ran (the grouped output follows)"
 
 
+#: The layouts and the style every live view shares (one comm each per kernel, not per cell):
+#: the grid of lanes, the title across it, a lane's box, a part of a lane, the HTML widgets' style.
+Shared = Literal["grid", "title", "lane", "part", "style"]
+_SHARED: dict[Shared, W.Widget] = {}
+
+
+def _make(kind: Shared) -> W.Widget:
+    if kind == "grid":
+        return W.Layout(grid_template_columns="repeat(auto-fill,minmax(22em,1fr))")
+    if kind == "title":
+        return W.Layout(grid_column="1 / -1")
+    if kind == "lane":
+        return W.Layout(border="1px solid #ddd", margin="2px", min_width="16em")
+    if kind == "part":
+        return W.Layout(margin="0")
+    return HTMLStyle()
+
+
+def _shared(kind: Shared) -> W.Widget:
+    """The one widget of this kind every live view uses, made on first use."""
+    widget = _SHARED.get(kind)
+    if widget is None or widget.comm is None:  # closed meanwhile (a kernel's widgets were reset)
+        widget = _SHARED[kind] = _make(kind)
+    return widget
+
+
+def _html(value: str, kind: Shared, *classes: str) -> W.HTML:
+    # classes given at creation travel in the comm's open message (add_class would send one more)
+    return W.HTML(value, layout=_shared(kind), style=_shared("style"), _dom_classes=classes)
+
+
+def _set(widget: W.HTML, value: str) -> None:
+    if widget.value != value:  # an unchanged part sends nothing
+        widget.value = value
+
+
 class _RankLane:
-    """One rank's lane: its state line, its last lines of text, the displays it made."""
+    """One rank's lane: what it printed and displayed, and its widgets once drawn (a box of parts)."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.lane = Lane()
-        self.state = ""
         self.displays: list[str] = []
+        self.box: W.VBox | None = None  # the widgets, once drawn: the box of the parts below
+        self.state: W.HTML | None = None
+        self.text: W.HTML | None = None
+        self.shown: W.HTML | None = None  # the displays, once there are any
 
     def feed(self, event: OutputEvent) -> None:
         if event.stream == "display":
@@ -52,31 +100,44 @@ class _RankLane:
         else:
             self.lane.feed(event.data, event.stream)
 
-    def html(self, progress: RankProgress | None) -> str:
-        if progress is not None:
-            colour = STATE_COLOURS.get(progress.state, "#000")
-            self.state = (f"<span class='pgnb-lane-{progress.state}' style='color:{colour}'>"
-                          f"{html.escape(progress.text())}</span>")
+    def parts(self) -> list[W.Widget]:
+        return [w for w in (self.box, self.state, self.text, self.shown) if w is not None]
+
+    def draw(self, progress: RankProgress | None) -> W.VBox:
+        """The lane's box, made on first use, its parts brought up to date (an unchanged part sends nothing)."""
+        if self.box is None or self.state is None or self.text is None:
+            self.state = _html(self._state_html(progress), "part", "pgnb-lane-state")
+            self.text = _html(self._text_html(), "part")
+            self.box = W.VBox([self.state, self.text], layout=_shared("lane"),
+                              _dom_classes=("pgnb-lane", f"pgnb-lane-{self.rank}"))
+        elif progress is not None:  # none: the state line stays as it was
+            _set(self.state, self._state_html(progress))
+        _set(self.text, self._text_html())
+        if self.displays:
+            shown = "".join(self.displays)
+            if self.shown is None:
+                self.shown = _html(shown, "part")
+                self.box.children = (*self.box.children, self.shown)
+            _set(self.shown, shown)
+        return self.box
+
+    def close(self) -> None:
+        for w in self.parts():
+            w.close()
+
+    def _state_html(self, progress: RankProgress | None) -> str:
+        state = "" if progress is None else (
+            f"<span class='pgnb-lane-{progress.state}' style='color:{STATE_COLOURS[progress.state]}'>"
+            f"{html.escape(progress.text())}</span>")
+        return f"<b>rank {self.rank}</b> &middot; {state}"
+
+    def _text_html(self) -> str:
         open_lines = self.lane.current
         lines = list(self.lane.lines)[-SHOWN_LINES:] + open_lines
         more = len(self.lane.lines) + self.lane.dropped - (len(lines) - len(open_lines))
         body = (f"<span style='opacity:.6'>… {more} earlier lines</span>\n" if more > 0 else "") + html.escape(
             "\n".join(lines))
-        text = f"<pre class='pgnb-lane-text' data-rank='{self.rank}' style='{_PRE}'>{body}</pre>" if body else ""
-        return (f"<div class='pgnb-lane pgnb-lane-{self.rank}' style='border:1px solid #ddd;margin:2px;"
-                f"min-width:16em'><div class='pgnb-lane-state'><b>rank {self.rank}</b> &middot; {self.state}</div>"
-                f"{text}{''.join(self.displays)}</div>")
-
-
-_SHARED: dict[str, W.Widget] = {}
-
-
-def _shared(kind: str) -> W.Widget:
-    """The one Layout (or HTMLStyle) every live view uses, made on first use."""
-    widget = _SHARED.get(kind)
-    if widget is None or widget.comm is None:  # closed meanwhile (a kernel's widgets were reset)
-        widget = _SHARED[kind] = W.Layout() if kind == "layout" else HTMLStyle()
-    return widget
+        return f"<pre class='pgnb-lane-text' data-rank='{self.rank}' style='{_PRE}'>{body}</pre>" if body else ""
 
 
 def _display_html(bundle: dict[str, Any]) -> str:
@@ -88,28 +149,22 @@ def _display_html(bundle: dict[str, Any]) -> str:
     return f"<pre style='{_PRE}'>{html.escape(str(bundle.get('text/plain', '')))}</pre>"
 
 
-class LiveView(W.HTML):  # type: ignore[misc]  # ipywidgets is untyped
-    """Every rank of a running cell, as it runs: one HTML widget (cheap to make for every cell)."""
+class LiveView(W.GridBox):  # type: ignore[misc]  # ipywidgets is untyped
+    """Every rank of a running cell, as it runs: a title, then a lane per rank (made at the first update)."""
 
     def __init__(self, ranks: list[int], label: str = "%%pg") -> None:
         self._ranks = list(ranks)
         self._label = label
         self._started = time.monotonic()
         self._lanes = {r: _RankLane(r) for r in self._ranks}
-        # every live view shares one layout and one style: a cell opens one comm, not three
-        super().__init__(self._page("running", "", self._grid({})), layout=_shared("layout"), style=_shared("style"))
-        self.add_class("pgnb-live")
+        self._drawn = False
+        self._title = _html(self._title_html("running", ""), "title")
+        super().__init__([self._title], layout=_shared("grid"), _dom_classes=("pgnb-live",))
 
-    def _page(self, phase: str, detail: str, body: str) -> str:
-        title = (f"<div class='pgnb-live-title' style='font-family:var(--jp-ui-font-family,sans-serif)'><b>pgnb</b> "
-                 f"{html.escape(self._label)} &middot; {html.escape(ranks_text(self._ranks))} &middot; "
-                 f"<span class='pgnb-live-phase'>{html.escape(phase)}</span>{html.escape(detail)}</div>")
-        return title + body
-
-    def _grid(self, progress: dict[int, RankProgress]) -> str:
-        lanes = "".join(lane.html(progress.get(r)) for r, lane in self._lanes.items())
-        return ("<div class='pgnb-lanes' style='display:grid;grid-template-columns:repeat(auto-fill,minmax(22em,1fr))'>"
-                f"{lanes}</div>")
+    def _title_html(self, phase: str, detail: str) -> str:
+        return (f"<div class='pgnb-live-title' style='font-family:var(--jp-ui-font-family,sans-serif)'><b>pgnb</b> "
+                f"{html.escape(self._label)} &middot; {html.escape(ranks_text(self._ranks))} &middot; "
+                f"<span class='pgnb-live-phase'>{html.escape(phase)}</span>{html.escape(detail)}</div>")
 
     # ---- a LiveSink ------------------------------------------------------------
     def update(self, events: list[OutputEvent], ranks: list[RankProgress]) -> None:
@@ -119,13 +174,26 @@ class LiveView(W.HTML):  # type: ignore[misc]  # ipywidgets is untyped
         running = sum(p.state == "running" for p in ranks)
         if not running:
             return  # the cell has ended: finish() draws the last picture, once
-        detail = f" · {time.monotonic() - self._started:.1f} s" + (f" · {running} running" if running else "")
-        self.value = self._page("running" if running else "done", detail, self._grid({p.rank: p for p in ranks}))
+        progress = {p.rank: p for p in ranks}
+        detail = f" · {time.monotonic() - self._started:.1f} s · {running} running"
+        with ExitStack() as held:  # each changed widget sends one message, all of them at the end
+            for w in (self, self._title, *(w for lane in self._lanes.values() for w in lane.parts())):
+                held.enter_context(w.hold_sync())
+            _set(self._title, self._title_html("running", detail))
+            boxes = [lane.draw(progress.get(r)) for r, lane in self._lanes.items()]
+            if not self._drawn:  # the first update: the lanes join the grid
+                self._drawn = True
+                self.children = (self._title, *boxes)
 
     def finish(self, result: CellResult | None) -> None:
         """Collapse to one line: how the cell ended on each rank (the grouped output below has the rest)."""
         summary = _summary(result) if result is not None else "stopped"
-        self.value = self._page(summary, f" · {time.monotonic() - self._started:.1f} s", "")
+        with self.hold_sync():
+            _set(self._title, self._title_html(summary, f" · {time.monotonic() - self._started:.1f} s"))
+            if self._drawn:
+                self.children = (self._title,)
+        for lane in self._lanes.values():
+            lane.close()
         self._lanes.clear()
 
     # ---- text forms ------------------------------------------------------------
@@ -144,4 +212,3 @@ def _summary(result: CellResult) -> str:
         state = r.state if r.state != "failed" or not r.ename else f"failed ({r.ename})"
         by_state.setdefault(state, []).append(r.rank)
     return "; ".join(f"{ranks_text(rs)} {state}" for state, rs in by_state.items())
-

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import ipywidgets as W
 
+from .._wire import RankState
 from ..core.report import status_table, summary_text
 from ..core.world import RankStatus, Snapshot
 from ..spec import WorldSpec
@@ -41,7 +42,7 @@ class WorldLike(Protocol):
     def shutdown(self) -> None: ...
 
 
-STATE_COLOURS = {
+STATE_COLOURS: dict[RankState, str] = {
     "starting": "#9e9e9e",
     "pending": "#f0ad4e",
     "initialized": "#2e7d32",
@@ -337,7 +338,7 @@ def _row_classes(r: RankStatus) -> tuple[str, ...]:
 
 
 def _row_html(r: RankStatus) -> str:
-    colour = STATE_COLOURS.get(r.state, "#000")
+    colour = STATE_COLOURS[r.state]
     # the dot is decoration; keep the state cell's text exactly the state for tests and screen readers
     state = (f"<span style='color:{colour}'>&#9679;</span> "
              f"<span class='pgnb-state' style='color:{colour};font-weight:bold'>{html.escape(r.state)}</span>")
