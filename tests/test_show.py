@@ -141,19 +141,51 @@ def world(world4):
     return world4
 
 
+DTENSOR = """\
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Shard, distribute_tensor
+mesh = init_device_mesh("cpu", (world_size,))
+dt = distribute_tensor(torch.arange(10.), mesh, [Shard(0)])
+model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+for layer in model:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+"""
+#: (cell, the name it defines, that name's table from every rank)
+GATHERED = {
+    "tensor": ("shown = torch.arange(3.) * (rank + 1)", "shown",
+               "shown on ranks 0-3: float32[3]\n"
+               "rank  [0]  [1]  [2]\n"
+               "0     0.   1.   2.\n"
+               "1     0.   2.   4.\n"
+               "2     0.   3.   6.\n"
+               "3     0.   4.   8."),
+    "dtensor": (DTENSOR, "dt",
+                "dt on ranks 0-3: DTensor float32[10], mesh [0, 1, 2, 3], placements [Shard(0)]\n"
+                "rank  local  shard   [0]  [1]  [2]\n"
+                "0     [3]    [0:3]   0.   1.   2.\n"
+                "1     [3]    [3:6]   3.   4.   5.\n"
+                "2     [3]    [6:9]   6.   7.   8.\n"
+                "3     [1]    [9:10]  9."),
+}
+
+
 @pytest.mark.integration
-def test_gathered_from_every_rank_through_api_and_magic(world4, ip):
-    assert world4.execute("shown = torch.arange(3.) * (rank + 1)\nword = 'r' * (rank + 1)").error() is None
-    expected = gather("shown", world=world4)
-    assert expected.text() == ("shown on ranks 0-3: float32[3]\n"
-                               "rank  [0]  [1]  [2]\n"
-                               "0     0.   1.   2.\n"
-                               "1     0.   2.   4.\n"
-                               "2     0.   3.   6.\n"
-                               "3     0.   4.   8.")
+@pytest.mark.parametrize("case", GATHERED)
+def test_gathered_from_every_rank_through_api_and_magic(world4, ip, case):
+    cell, name, text = GATHERED[case]
+    assert world4.execute(cell).error() is None
+    expected = gather(name, world=world4)
+    assert expected.text() == text
     with capture_output() as cap:
-        ip.run_line_magic("pg_show", "shown")
+        ip.run_line_magic("pg_show", name)
     assert [o.data for o in cap.outputs] == [ShowView(expected)._repr_mimebundle_()]
+
+
+@pytest.mark.integration
+def test_some_ranks_through_api_and_magic(world4, ip):
+    assert world4.execute("word = 'r' * (rank + 1)").error() is None
     with capture_output() as cap:
         pgnb.show("word", ranks=[1, 3])
     assert cap.outputs[0].data["text/plain"] == "word on ranks 1, 3: str\nrank  value\n1     rr\n3     rrrr"
@@ -171,32 +203,9 @@ def test_a_name_missing_on_some_ranks_is_shown_not_raised(world4, ip):
     assert gather("nowhere", world=world4).header() == "nowhere on ranks 0-3: not defined on any rank"
 
 
-DTENSOR = """\
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import Shard, distribute_tensor
-mesh = init_device_mesh("cpu", (world_size,))
-dt = distribute_tensor(torch.arange(10.), mesh, [Shard(0)])
-model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
-for layer in model:
-    fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
-"""
-
-
 @pytest.mark.integration
-def test_dtensors_and_sharded_modules_through_api_and_magic(world4, ip):
+def test_sharded_modules_through_api_and_magic(world4, ip):
     assert world4.execute(DTENSOR).error() is None
-    expected = gather("dt", world=world4)
-    assert expected.text() == ("dt on ranks 0-3: DTensor float32[10], mesh [0, 1, 2, 3], placements [Shard(0)]\n"
-                               "rank  local  shard   [0]  [1]  [2]\n"
-                               "0     [3]    [0:3]   0.   1.   2.\n"
-                               "1     [3]    [3:6]   3.   4.   5.\n"
-                               "2     [3]    [6:9]   6.   7.   8.\n"
-                               "3     [1]    [9:10]  9.")
-    with capture_output() as cap:
-        ip.run_line_magic("pg_show", "dt")
-    assert [o.data for o in cap.outputs] == [ShowView(expected)._repr_mimebundle_()]
     with capture_output() as cap:
         pgnb.show("model", ranks=[0, 3])
     assert cap.outputs[0].data["text/plain"] == (
