@@ -174,3 +174,88 @@ def test_a_rank_loads_no_kernel_side_module():
     for mods in res.values:
         assert {"pgnb.rank.engine", "pgnb.rank.cell", "pgnb.rank.trace", "pgnb.rank.values"} <= set(mods)
         assert [m for m in mods if m.startswith(("pgnb.core", "pgnb.notebook"))] == []
+
+
+# ---- one fact in one place: the zombie check and the rule for a remote failure ---------------------------------
+TESTS = PKG.parent / "tests"
+#: The one module that reads ``/proc/PID/stat`` and says whether a process is a zombie (pgnb's process helpers).
+PROCESS_FACTS = "pgnb/procs/processes.py" if (PKG / "procs" / "processes.py").exists() else "pgnb/procs/reaper.py"
+#: The one module that reads a remote exception's name and decides what a failed task means.
+REMOTE_RULE = "pgnb/core/remote.py"
+#: The names ipyparallel gives a task whose engine died and one aborted behind an interrupted one.
+REMOTE_FAILURES = {"EngineError", "TaskAborted"}
+#: A zombie's state letter in ``/proc/PID/stat``.
+ZOMBIE_STATE = {"Z"}
+
+
+def _text(node: ast.AST) -> str | None:
+    """A string literal's text (an f-string's placeholders as ``{}``), or None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+        return node.value.decode(errors="replace") if isinstance(node.value, bytes) else node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_text(v) or "" if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return None
+
+
+def _copies(path: Path) -> list[str]:
+    """Where ``path`` reads ``/proc/PID/stat``, checks for a zombie, or compares a remote exception's name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            text = _text(node) or ""
+            if text.startswith("/proc/") and text.endswith("/stat"):
+                found.append(f"{line}: reads /proc/PID/stat")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _text(node.right) == "stat":
+            found.append(f"{line}: reads /proc/PID/stat")  # Path("/proc") / pid / "stat"
+        if isinstance(node, ast.Attribute) and node.attr == "STATUS_ZOMBIE":
+            found.append(f"{line}: checks for a zombie (psutil.STATUS_ZOMBIE)")
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            values = {_text(e) for s in sides for e in (s.elts if isinstance(s, (ast.Tuple, ast.List, ast.Set))
+                                                        else [s])}
+            if values & ZOMBIE_STATE:
+                found.append(f"{line}: checks for a zombie (state Z)")
+            if values & REMOTE_FAILURES:
+                found.append(f"{line}: compares a remote exception's name with {sorted(values & REMOTE_FAILURES)}")
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                and len(node.args) >= 2 and _text(node.args[1]) == "ename"):
+            found.append(f"{line}: reads a remote exception's name (getattr ename)")
+    return sorted(found, key=lambda c: int(c.split(":", 1)[0]))
+
+
+def _copies_in(root: Path, allowed: dict[str, set[str]]) -> list[str]:
+    """Every copy below ``root`` outside the modules ``allowed`` to hold it (by what the copy is)."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = str(path.relative_to(PKG.parent))
+        for copy in _copies(path):
+            if not any(rel == module and any(word in copy for word in words) for module, words in allowed.items()):
+                out.append(f"{rel}:{copy}")
+    return out
+
+
+def test_one_zombie_check_and_one_rule_for_a_remote_failure_in_the_package():
+    """Only the process helpers read ``/proc/PID/stat`` or decide what a zombie is; only ``core/remote.py``
+    reads a remote exception's name (``ename``) and compares it with EngineError or TaskAborted."""
+    allowed = {PROCESS_FACTS: {"reads /proc", "zombie"}, REMOTE_RULE: {"remote exception"}}
+    assert _copies_in(PKG, allowed) == []
+
+
+def test_the_tests_use_the_same_zombie_check():
+    """The tests ask pgnb's process helpers too (conftest's ``alive`` and ``wait_gone`` are built on them)."""
+    assert _copies_in(TESTS, {}) == []
+
+
+def test_the_copy_finder_sees_each_kind_of_copy(tmp_path):
+    """The two tests above can fail: each way of writing a copy is found."""
+    src = tmp_path / "copies.py"
+    src.write_text(
+        "import psutil\nfrom pathlib import Path\n"
+        "def a(pid):\n    return open(f'/proc/{pid}/stat').read().split()[2] == 'Z'\n"
+        "def b(entry):\n    return (Path('/proc') / entry / 'stat').read_text()\n"
+        "def c(p):\n    return p.status() == psutil.STATUS_ZOMBIE\n"
+        "def d(e):\n    return getattr(e, 'ename', None) in ('EngineError', 'TaskAborted')\n"
+        "def e(r):\n    return r.ename == 'EngineError'\n"
+    )
+    assert [c.split(": ", 1)[0] for c in _copies(src)] == ["4", "4", "6", "8", "10", "10", "12"]
