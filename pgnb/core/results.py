@@ -14,6 +14,7 @@ from typing import Any, Literal
 from .._wire import CellState
 from ..errors import CellTimeout, RankError, RankLost
 from .profile import Profile
+from .remote import ENGINE_DIED
 from .terminal import settle
 from .text import lost_text, one_line, ranks_text
 from .trace import Trace
@@ -182,7 +183,7 @@ class CellResult:
                 parts.append("; ".join(f"rank {r.rank} raised {_one_line(r)}" for r in errors))
         if lost:
             # the cause is the watcher's, e.g. "engine killed by SIGSEGV (segmentation fault)"
-            parts.append(lost_text({r.rank: r.evalue if r.ename == "EngineError" and r.evalue else "engine died"
+            parts.append(lost_text({r.rank: r.evalue if r.ename == ENGINE_DIED and r.evalue else "engine died"
                                     for r in lost}))
         if running:
             why = "could not be interrupted" if self.interrupted else (
