@@ -86,7 +86,9 @@ def test_the_live_view_is_a_widget_per_lane_and_an_update_sends_only_what_change
     assert view.children == (title,)  # no lanes before the first update: a quick cell opens two comms
     running = [RankProgress(0, "running", 0.5), RankProgress(1, "running", 0.5)]
     view.update([OutputEvent(0, "stdout", "hello\n")], running)
-    lanes = view.children[1:]
+    grid = view.children[1]
+    lanes = grid.children
+    assert grid._dom_classes == ("pgnb-lanes",)
     assert [lane._dom_classes for lane in lanes] == [("pgnb-lane", "pgnb-lane-0"), ("pgnb-lane", "pgnb-lane-1")]
     assert "hello" in lanes[0].children[1].value and "running 0.5 s" in lanes[0].children[0].value
     sent.clear()
@@ -97,10 +99,10 @@ def test_the_live_view_is_a_widget_per_lane_and_an_update_sends_only_what_change
     view.update([], [RankProgress(0, "running", 0.5), RankProgress(1, "failed", 0.6, ename="ValueError")])
     changed = [json.dumps(msg["state"]) for w, msg in sent if w is not title]
     assert len(changed) == 1 and "failed (ValueError)" in changed[0], changed  # rank 1's state line only
-    parts = [w for lane in lanes for w in (lane, *lane.children)]
+    parts = [grid, *(w for lane in lanes for w in (lane, *lane.children))]
     view.finish(None)
     assert view.children == (title,) and "stopped" in title.value
-    assert all(w.comm is None for w in parts)  # the lanes' widgets are closed, not left in the kernel
+    assert all(w.comm is None for w in parts)  # the grid's widgets are closed, not left in the kernel
 
 # ---- the stream, from Python -----------------------------------------------------------------
 @pytest.mark.integration

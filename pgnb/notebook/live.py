@@ -1,13 +1,13 @@
 """The live area under a running ``%%pg`` cell.
 
-``LiveView`` is a grid of ipywidgets: a title line, then a lane per rank with
+``LiveView`` is a box of ipywidgets: a title line, then a grid of a lane per rank with
 what the rank printed so far (``\\r`` redraws its line, so a progress bar is
 one updating line) and its state (running with elapsed time, waiting in a
 collective, finished, failed, lost). Each lane's state line, text and displays
 are widgets of their own, so an update sends only the parts that changed: a
 rank's elapsed time, not every rank's text again. The lanes are made at the
 first update, so a cell that ends before it (most quick cells) opens two comms,
-not three per rank. Updates are widget state changes, which nbval ignores; the
+not three per rank and the grid. Updates are widget state changes, which nbval ignores; the
 view's ``text/plain`` is one line fixed when it is displayed, the same on every
 run and in a saved notebook. When the cell ends the view collapses to its title,
 a one-line summary, and the grouped output below it is what the notebook keeps.
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import html
 import time
-from contextlib import ExitStack
 from typing import Any, Literal
 
 import ipywidgets as W
@@ -47,16 +46,16 @@ def live_text(ranks: list[int]) -> str:
 
 
 #: The layouts and the style every live view shares (one comm each per kernel, not per cell):
-#: the grid of lanes, the title across it, a lane's box, a part of a lane, the HTML widgets' style.
-Shared = Literal["grid", "title", "lane", "part", "style"]
+#: the view and its title, the grid of lanes, a lane's box, a part of a lane, the HTML widgets' style.
+Shared = Literal["plain", "grid", "lane", "part", "style"]
 _SHARED: dict[Shared, W.Widget] = {}
 
 
 def _make(kind: Shared) -> W.Widget:
     if kind == "grid":
         return W.Layout(grid_template_columns="repeat(auto-fill,minmax(22em,1fr))")
-    if kind == "title":
-        return W.Layout(grid_column="1 / -1")
+    if kind == "plain":
+        return W.Layout()
     if kind == "lane":
         return W.Layout(border="1px solid #ddd", margin="2px", min_width="16em")
     if kind == "part":
@@ -149,17 +148,17 @@ def _display_html(bundle: dict[str, Any]) -> str:
     return f"<pre style='{_PRE}'>{html.escape(str(bundle.get('text/plain', '')))}</pre>"
 
 
-class LiveView(W.GridBox):  # type: ignore[misc]  # ipywidgets is untyped
-    """Every rank of a running cell, as it runs: a title, then a lane per rank (made at the first update)."""
+class LiveView(W.VBox):  # type: ignore[misc]  # ipywidgets is untyped
+    """Every rank of a running cell, as it runs: a title, then a grid of a lane per rank (made at the first update)."""
 
     def __init__(self, ranks: list[int], label: str = "%%pg") -> None:
         self._ranks = list(ranks)
         self._label = label
         self._started = time.monotonic()
         self._lanes = {r: _RankLane(r) for r in self._ranks}
-        self._drawn = False
-        self._title = _html(self._title_html("running", ""), "title")
-        super().__init__([self._title], layout=_shared("grid"), _dom_classes=("pgnb-live",))
+        self._title = _html(self._title_html("running", ""), "plain")
+        self._grid: W.GridBox | None = None
+        super().__init__([self._title], layout=_shared("plain"), _dom_classes=("pgnb-live",))
 
     def _title_html(self, phase: str, detail: str) -> str:
         return (f"<div class='pgnb-live-title' style='font-family:var(--jp-ui-font-family,sans-serif)'><b>pgnb</b> "
@@ -176,22 +175,22 @@ class LiveView(W.GridBox):  # type: ignore[misc]  # ipywidgets is untyped
             return  # the cell has ended: finish() draws the last picture, once
         progress = {p.rank: p for p in ranks}
         detail = f" · {time.monotonic() - self._started:.1f} s · {running} running"
-        with ExitStack() as held:  # each changed widget sends one message, all of them at the end
-            for w in (self, self._title, *(w for lane in self._lanes.values() for w in lane.parts())):
-                held.enter_context(w.hold_sync())
-            _set(self._title, self._title_html("running", detail))
-            boxes = [lane.draw(progress.get(r)) for r, lane in self._lanes.items()]
-            if not self._drawn:  # the first update: the lanes join the grid
-                self._drawn = True
-                self.children = (self._title, *boxes)
+        # each part that changed sends one message, a part that did not sends nothing; no widget changes
+        # twice in an update, so there is nothing for hold_sync to merge (and holding every part would cost
+        # more than the update: ipywidgets reads each held widget's whole state when the hold ends)
+        _set(self._title, self._title_html("running", detail))
+        boxes = [lane.draw(progress.get(r)) for r, lane in self._lanes.items()]
+        if self._grid is None:  # the first update: the grid of lanes joins the title
+            self._grid = W.GridBox(boxes, layout=_shared("grid"), _dom_classes=("pgnb-lanes",))
+            self.children = [self._title, self._grid]
 
     def finish(self, result: CellResult | None) -> None:
         """Collapse to one line: how the cell ended on each rank (the grouped output below has the rest)."""
         summary = _summary(result) if result is not None else "stopped"
-        with self.hold_sync():
-            _set(self._title, self._title_html(summary, f" · {time.monotonic() - self._started:.1f} s"))
-            if self._drawn:
-                self.children = (self._title,)
+        _set(self._title, self._title_html(summary, f" · {time.monotonic() - self._started:.1f} s"))
+        if self._grid is not None:
+            self.children = [self._title]
+            self._grid.close()
         for lane in self._lanes.values():
             lane.close()
         self._lanes.clear()
