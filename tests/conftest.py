@@ -13,8 +13,7 @@ if not os.environ.get("IPYTHONDIR", "").startswith(tempfile.gettempdir()):
 _here = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_here, os.environ.get("PYTHONPATH")) if p)
 
-import psutil  # noqa: E402  (IPYTHONDIR and PYTHONPATH must be set first)
-import pytest  # noqa: E402
+import pytest  # noqa: E402  (IPYTHONDIR and PYTHONPATH must be set first)
 
 
 def pytest_addoption(parser):
@@ -33,22 +32,15 @@ def pytest_collection_modifyitems(config, items):
 
 def alive(pids):
     """The pids still running (zombies count as gone)."""
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+    from pgnb.procs.processes import process_running
+
+    return [pid for pid in pids if process_running(pid)]
 
 
 def wait_gone(pids, timeout=10.0):
-    import time
+    from pgnb.core.waiting import poll_until
 
-    deadline = time.monotonic() + timeout
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    poll_until(lambda: not alive(pids), timeout, step=0.1)
     return alive(pids)
 
 

@@ -15,22 +15,18 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 import uuid
+from typing import get_args
 
 import psutil
 from kernel_util import Kernel
 
+from pgnb.core.waiting import poll_until
+from pgnb.procs.processes import ProcessKind, process_running
+from pgnb.procs.reaper_handle import REAPER_MAIN
+
 MARK = "PGNB_TEST_MARK"
-KINDS = ("controller", "scheduler", "zygote", "nanny", "engine", "reaper")
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
+KINDS: tuple[ProcessKind, ...] = get_args(ProcessKind)
 
 class MarkedKernel(Kernel):
     def __init__(self) -> None:
@@ -54,13 +50,13 @@ class MarkedKernel(Kernel):
                 p = psutil.Process(int(entry))
             except (OSError, psutil.Error):
                 continue
-            if _alive(p):
+            if process_running(p.pid):
                 found.append(p)
         return found
 
-    def by_kind(self) -> dict[str, list[int]]:
+    def by_kind(self) -> dict[ProcessKind, list[int]]:
         """The live processes by what they are for pgnb."""
-        out: dict[str, list[int]] = {k: [] for k in KINDS}
+        out: dict[ProcessKind, list[int]] = {k: [] for k in KINDS}
         procs = self.processes()
         info = {}
         for p in procs:
@@ -72,7 +68,7 @@ class MarkedKernel(Kernel):
         controllers = {pid for pid, (cmd, ppid, _) in info.items()
                        if "ipyparallel.controller" in cmd and ppid == self.pid}
         for pid, (cmd, ppid, sid) in info.items():
-            if "pgnb.procs.reaper" in cmd:
+            if REAPER_MAIN in cmd:
                 out["reaper"].append(pid)
             elif pid in controllers:
                 out["controller"].append(pid)
@@ -93,12 +89,8 @@ class MarkedKernel(Kernel):
 
     def wait_nothing_left(self, timeout: float) -> tuple[list[int], list[str]]:
         """Wait until no process and no file of this kernel's pgnb is left; what is left at ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            procs, files = [p.pid for p in self.processes()], self.files()
-            if (not procs and not files) or time.monotonic() > deadline:
-                return procs, files
-            time.sleep(0.1)
+        poll_until(lambda: not self.processes() and not self.files(), timeout, step=0.1)
+        return [p.pid for p in self.processes()], self.files()
 
     # ---- asking the kernel (when idle) -------------------------------------
     def world(self) -> dict:

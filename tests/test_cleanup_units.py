@@ -13,15 +13,10 @@ import psutil
 from conftest import wait_gone
 
 from pgnb.core.liveness import Watcher, describe_exit
-from pgnb.procs.reaper import (
-    OWNER_ENV,
-    cluster_files,
-    process_alive as is_alive,
-    start_time,
-    state_path,
-    sweep,
-    write_state,
-)
+from pgnb.core.waiting import poll_until
+from pgnb.procs import processes
+from pgnb.procs.ownership import cluster_files, state_path, sweep, write_state
+from pgnb.procs.processes import OWNER_ENV, process_alive as is_alive, process_state, start_time, zombie_status
 
 
 def test_describe_exit():
@@ -48,10 +43,8 @@ def test_watcher_reports_each_death_once_with_its_cause():
         statuses[procs[0].pid] = procs[0].wait()  # as the launcher's reaping thread records it
         procs[2].kill()
         procs[2].wait()
-        deadline = time.monotonic() + 2
-        while not deaths and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)
+        poll_until(lambda: deaths, 2, step=0.01)
+        time.sleep(0.2)  # a second report would come within this
         assert [(pid, cause) for pid, cause, _ in deaths] == [(procs[0].pid, "engine killed by SIGKILL")]
         assert deaths[0][2] - t0 < 0.5
         assert is_alive(procs[1].pid, start_time(psutil.Process(procs[1].pid)))
@@ -83,22 +76,23 @@ def test_a_stepped_system_clock_kills_no_watched_process(monkeypatch):
 def test_process_alive_reads_proc_once_and_agrees_with_psutil():
     """The fast path (one read of /proc/PID/stat) and psutil's answer agree: a live process, one whose pid
     has a different start (reused), a zombie nobody reaped yet, and a pid that is gone."""
-    from pgnb.procs import reaper
-
     live = subprocess.Popen(["sleep", "60"])
-    zombie = subprocess.Popen(["true"])
+    zombie = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     try:
         started = start_time(psutil.Process(live.pid))
         zombie_started = start_time(psutil.Process(zombie.pid))
-        deadline = time.monotonic() + 5
-        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert poll_until(lambda: process_state(zombie.pid) == "zombie", 5, step=0.01)
         cases = [(live.pid, started, True), (live.pid, started + 5.0, False), (zombie.pid, zombie_started, False)]
         for pid, when, alive in cases:
             assert is_alive(pid, when) is alive, (pid, when)
-            assert reaper._process_alive_psutil(pid, when) is alive, (pid, when)
+            assert processes._process_alive_psutil(pid, when) is alive, (pid, when)
+        assert [process_state(p.pid) for p in (live, zombie)] == ["running", "zombie"]
+        assert [processes._state_psutil(p.pid) for p in (live, zombie)] == ["running", "zombie"]
+        assert (zombie_status(live.pid), zombie_status(zombie.pid)) == (None, 3)
         zombie.wait()
-        assert not is_alive(zombie.pid, zombie_started) and not reaper._process_alive_psutil(zombie.pid, zombie_started)
+        assert not is_alive(zombie.pid, zombie_started)
+        assert not processes._process_alive_psutil(zombie.pid, zombie_started)
+        assert process_state(zombie.pid) == processes._state_psutil(zombie.pid) == "gone"
     finally:
         live.kill()
         live.wait()
@@ -136,3 +130,4 @@ def test_sweep_removes_only_what_a_dead_owner_left(tmp_path):
     assert os.path.exists(live) and oct(os.stat(live).st_mode & 0o777) == "0o600"
     assert sorted(os.listdir(os.path.join(profile, "security"))) == [
         "cluster-222-live.json", "cluster-333-foreign.json", "pgnb-222-live.json"]
+

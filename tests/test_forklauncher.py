@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,11 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 import pytest
+from conftest import wait_gone
 from ipyparallel.cluster.launcher import LauncherError
 from traitlets.config import Config
 
+from pgnb.core.waiting import poll_until
 from pgnb.procs.forklauncher import ForkEngineSetLauncher
 
 pytestmark = [
@@ -105,37 +106,6 @@ def _engine_facts() -> dict[str, Any]:
     }
 
 
-def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """Wait for the processes to end; return those still alive (zombies count as gone)."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = []
-        for p in procs:
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p.pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def _terminate_tree(pid: int) -> None:
     """SIGTERM a process, SIGKILL it and its descendants if they linger."""
     try:
@@ -215,7 +185,7 @@ def test_nannies_are_forked_and_relay_signals(cluster: tuple[ipp.Cluster, ipp.Cl
     target = client.ids[0]
     started = tmp_path / "started"
     ar = client[target].apply_async(_touch_then_sleep, str(started))
-    assert _wait_for(started.exists, 10)
+    assert poll_until(started.exists, 10, step=0.05)
     client.send_signal(signal.SIGINT, targets=[target], block=True)
     with pytest.raises(ipp.error.RemoteError) as info:
         ar.get(timeout=10)
@@ -234,9 +204,9 @@ def test_grow_then_lose_an_engine_set(cluster: tuple[ipp.Cluster, ipp.Client]) -
         # Kill the zygote: its engine dies with it (PR_SET_PDEATHSIG), the
         # nanny tells the controller, the launcher notices.
         os.kill(grown.zygote_pid, signal.SIGKILL)
-        assert _wait_gone([pid], 5) == []
-        assert _wait_for(lambda: grown.state == "after", 5)
-        assert _wait_for(lambda: len(client.ids) == 2, 10)
+        assert wait_gone([pid], 5) == []
+        assert poll_until(lambda: grown.state == "after", 5, step=0.05)
+        assert poll_until(lambda: len(client.ids) == 2, 10, step=0.05)
     finally:
         c.stop_engines_sync(grown_id)
     assert client[:].apply_sync(os.getpid) and first.state == "running"
@@ -253,7 +223,7 @@ def test_stop_leaves_no_process(cluster_factory: ClusterFactory) -> None:
     assert len(pids) == 5  # 2 engines, 2 nannies, the zygote
     client.close()
     c.stop_engines_sync()
-    assert _wait_gone(pids, 0) == []  # stop returns only when all are gone
+    assert wait_gone(pids, 0) == []  # stop returns only when all are gone
     # Both stopped at the first SIGTERM (a SIGKILL after the grace would show as -9).
     assert launcher.state == "after"
     assert [d["exit_code"] for d in launcher.stop_data["engines"].values()] == [0, 0]
@@ -266,10 +236,10 @@ def test_signal_reaches_every_engine(ipython_dir: Path) -> None:
     pids = asyncio.run(launcher.start(2))
     try:
         launcher.signal("KILL")
-        assert _wait_for(lambda: launcher.state == "after", 5)
+        assert poll_until(lambda: launcher.state == "after", 5, step=0.05)
         assert {d["exit_code"] for d in launcher.stop_data["engines"].values()} == {-signal.SIGKILL}
         assert [launcher.exit_status(pid) for pid in pids] == [-signal.SIGKILL] * 2
-        assert _wait_gone([*pids, launcher.zygote_pid], 5) == []
+        assert wait_gone([*pids, launcher.zygote_pid], 5) == []
     finally:
         asyncio.run(launcher.stop())
 
@@ -280,7 +250,7 @@ def test_bad_preload_fails_start_with_the_reason(ipython_dir: Path) -> None:
     )
     with pytest.raises(LauncherError, match="pgnb_no_such_module"):
         asyncio.run(launcher.start(1))
-    assert _wait_gone([launcher.zygote_pid], 5) == []
+    assert wait_gone([launcher.zygote_pid], 5) == []
 
 
 KILLED_PARENT = textwrap.dedent(
@@ -311,7 +281,7 @@ def test_engines_die_with_the_process_that_launched_them(ipython_dir: Path) -> N
         assert len(pids) == 5  # 2 engines, 2 nannies, the zygote
         proc.kill()
         proc.wait()
-        assert _wait_gone(pids, 10) == []
+        assert wait_gone(pids, 10) == []
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -42,6 +42,8 @@ from pathlib import Path
 import pytest
 from test_user_install import kernel_manager, user_env, user_python
 
+from pgnb.procs.processes import OWNER_ENV, proc_stat, process_running
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
@@ -62,7 +64,7 @@ CELL_TIMEOUT = 120
 #: below finds exactly this session's processes, whatever other pgnb users run meanwhile.
 RUN_VAR = "PGNB_NOTEBOOK_TEST_RUN"
 RUN_ID = uuid.uuid4().hex
-OWNER_VAR = "PGNB_OWNER"  # pgnb sets it on every process it launches (see pgnb.procs.reaper)
+OWNER_VAR = OWNER_ENV  # pgnb sets it on every process it launches
 #: pgnb's reaper kills an owner's processes within 10 s of the owner's death.
 REAP_GRACE = 20.0
 
@@ -132,13 +134,6 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def processes_of(run_id: str | None = None) -> dict[int, tuple[str, bool]]:
     """Live processes from nbval run ``run_id`` (or, if None, every process carrying PGNB_OWNER).
 
@@ -148,7 +143,10 @@ def processes_of(run_id: str | None = None) -> dict[int, tuple[str, bool]]:
     pid = os.getpid()
     while pid > 1:
         try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            fields = proc_stat(pid)
+            if fields is None:
+                break
+            pid = int(fields[1])
         except (OSError, IndexError, ValueError):
             break
         mine.add(pid)
@@ -158,7 +156,7 @@ def processes_of(run_id: str | None = None) -> dict[int, tuple[str, bool]]:
             continue
         pid = int(entry.name)
         env = _environ(pid)
-        if env is None or _is_zombie(pid):
+        if env is None or not process_running(pid):
             continue
         if (env.get(RUN_VAR) == run_id) if run_id is not None else (OWNER_VAR in env):
             found[pid] = (_cmdline(pid), OWNER_VAR in env)

@@ -37,7 +37,8 @@ import pgnb
 from pgnb.core.busy import SETTLE
 from pgnb.notebook.current import current, set_current
 from pgnb.notebook.view import StatusView
-from pgnb.procs.reaper import cluster_files, owned_by_token
+from pgnb.procs.ownership import cluster_files
+from pgnb.procs.processes import owned_by_token
 
 pytestmark = pytest.mark.integration
 

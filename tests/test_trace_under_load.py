@@ -22,6 +22,8 @@ import time
 import pytest
 from test_notebooks import NOTEBOOK_DIR, NOTEBOOK_TIMEOUT, REAP_GRACE, RUN_ID, processes_of, replay_python, run_nbval
 
+from pgnb.procs.processes import clock_ticks, proc_stat
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.notebooks]
 
 NOTEBOOK = NOTEBOOK_DIR / "07_seeing_collectives.ipynb"
@@ -48,9 +50,10 @@ def busy_loops():
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (from /proc; no psutil in the user venv)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a process (from its /proc entry)."""
+    fields = proc_stat(pid)
+    assert fields is not None, f"process {pid} is gone"
+    return clock_ticks(fields[11]) + clock_ticks(fields[12])
 
 
 @pytest.mark.timeout(RUNS * NOTEBOOK_TIMEOUT + 120)

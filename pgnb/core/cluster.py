@@ -20,21 +20,15 @@ from urllib.parse import urlparse
 
 from ..errors import RECOVER_HINT, EngineStartError, SpecError
 from ..procs import ipcontroller_config
-from ..procs.reaper import (
-    OWNER_ENV,
-    Reaper,
-    cluster_files,
-    kill_all,
-    owned_by_token,
-    process_running,
-    sweep,
-    write_state,
-)
+from ..procs.ownership import cluster_files, sweep, write_state
+from ..procs.processes import OWNER_ENV, ProcessKind, kill_all, owned_by_token, process_running, process_state
+from ..procs.reaper_handle import Reaper
 from ..rank import engine
 from ..spec import LOCAL_LAUNCHERS
 from .files import private_file
 from .liveness import STATUS_WAIT, describe_exit
 from .rendezvous import EngineInfo
+from .waiting import poll_until
 
 #: How often the controller pings engines (ms). ipyparallel's 3 s default
 #: makes every registration wait up to 3 s; 100 ms is cheap on one machine.
@@ -198,12 +192,7 @@ def _launcher_exited(engine_set: Any) -> bool:
     proc = getattr(engine_set, "process", None)  # psutil.Process for process-based launchers
     if proc is None or getattr(engine_set, "state", None) != "running":
         return False
-    try:
-        import psutil
-
-        return bool(proc.status() == psutil.STATUS_ZOMBIE)
-    except Exception:  # psutil.NoSuchProcess: reaped already
-        return True
+    return process_state(int(proc.pid)) != "running"  # a zombie, or reaped already
 
 
 def _preload_serializer() -> None:
@@ -416,29 +405,31 @@ class EnginePool:
         self.wait_for(n, progress)
 
     def wait_for(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
-        deadline = time.monotonic() + (5.0 if self.attached else ENGINE_START_TIMEOUT)
-        last = -1
+        k = -1  # engines registered at the last look
         self.step = "waiting for the engines to register"
-        while True:
+
+        def registered() -> bool:
+            nonlocal k
             self.check()
-            k = len(self.client.ids)
+            last, k = k, len(self.client.ids)
             if k != last and progress:
                 progress(min(k, n), n)
-            last = k
             if k >= n:
-                return
-            if time.monotonic() > deadline:
-                if self.attached:
-                    raise EngineStartError(
-                        f"the attached cluster has {k} engine(s) but --world asks for {n}; "
-                        f"start more with `ipcluster engines -n {n - k}` or use --world {k}"
-                    )
-                raise EngineStartError(
-                    f"only {k} of {n} engines registered within {ENGINE_START_TIMEOUT:.0f} s; "
-                    "see the engine logs in the IPython profile's log folder"
-                )
+                return True
             self._check_launchers_alive(n)
-            time.sleep(0.02)
+            return False
+
+        if poll_until(registered, 5.0 if self.attached else ENGINE_START_TIMEOUT):
+            return
+        if self.attached:
+            raise EngineStartError(
+                f"the attached cluster has {k} engine(s) but --world asks for {n}; "
+                f"start more with `ipcluster engines -n {n - k}` or use --world {k}"
+            )
+        raise EngineStartError(
+            f"only {k} of {n} engines registered within {ENGINE_START_TIMEOUT:.0f} s; "
+            "see the engine logs in the IPython profile's log folder"
+        )
 
     def _launched_engines(self) -> list[int]:
         """The pids of the engines pgnb's local launchers started (pgnb.fork and local; others do not say)."""
@@ -458,10 +449,14 @@ class EnginePool:
         # an engine that dies before all have registered (or one kept from before) makes the wait endless
         dead = [pid for pid in self._launched_engines() if pid not in self._dead_before and not process_running(pid)]
         if dead and len(self.client.ids) < n:
-            status, until = None, time.monotonic() + STATUS_WAIT  # the launcher reaps it in a moment
-            while status is None and time.monotonic() < until:
+            status: int | None = None
+
+            def reaped() -> bool:
+                nonlocal status
                 status = self.exit_status(dead[0])
-                time.sleep(0.02)
+                return status is not None
+
+            poll_until(reaped, STATUS_WAIT)  # the launcher reaps it in a moment
             raise EngineStartError(f"an engine died before all {n} had registered "
                                    f"({describe_exit(status)}); {RECOVER_HINT}")
         sets = list(self.cluster.engines.values())
@@ -535,10 +530,10 @@ class EnginePool:
                 ar.wait(min(0.1, max(left, 0.0)))
 
     # ---- the processes a world depends on ----------------------------
-    def processes(self) -> dict[str, list[int]]:
+    def processes(self) -> dict[ProcessKind, list[int]]:
         """The local processes of this pool by kind (``controller``, ``scheduler``, ``zygote``, ``nanny``),
         as far as they are known now. Engines are asked for themselves (``describe``)."""
-        out: dict[str, list[int]] = {"controller": [], "scheduler": [], "zygote": [], "nanny": []}
+        out: dict[ProcessKind, list[int]] = {"controller": [], "scheduler": [], "zygote": [], "nanny": []}
         cluster = self.cluster
         if cluster is None or self.attached:
             return out
@@ -595,9 +590,7 @@ class EnginePool:
         if self.attached:
             return
         kill_all(pids, grace=0.0)
-        deadline = time.monotonic() + timeout
-        while set(ids) & set(self.client.ids) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        poll_until(lambda: not set(ids) & set(self.client.ids), timeout)
 
     def stop(self, engine_pids: list[int], grace: float = 1.0) -> None:
         """Stop what pgnb started: every engine at once, then the controller.

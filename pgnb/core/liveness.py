@@ -17,13 +17,12 @@ first), so a controller or zygote is named before the engines that die with it.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from ..procs.reaper import proc_stat, process_alive
+from ..procs.processes import process_alive, zombie_status
 
 #: Seconds between two looks at the watched pids.
 PERIOD = 0.3
@@ -65,23 +64,6 @@ def died_text(what: str, status: int | None) -> str:
         except ValueError:
             return f"{what} died (signal {-status})"
     return f"{what} died (exit status {status})"
-
-
-def zombie_status(pid: int) -> int | None:
-    """The exit status of ``pid`` if it is a zombie its parent has not reaped yet (Linux ``/proc``), else None.
-
-    Negative: killed by that signal, as ``subprocess`` says it.
-    """
-    try:
-        fields = proc_stat(pid)
-    except (OSError, ValueError):
-        return None
-    if not fields or fields[0] != b"Z" or len(fields) < 50:
-        return None
-    try:
-        return os.waitstatus_to_exitcode(int(fields[49]))
-    except ValueError:
-        return None
 
 
 class Watcher:

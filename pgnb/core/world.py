@@ -37,7 +37,8 @@ from ..errors import (
     RankLost,
     WorldBroken,
 )
-from ..procs.reaper import Reaper, kill_all, owned_by_token, process_running, start_time
+from ..procs.processes import kill_all, owned_by_token, process_running, start_time
+from ..procs.reaper_handle import Reaper
 from ..rank import engine
 from ..rank.cell import clean_message
 from ..spec import WorldSpec, init_command, keywords_signature

@@ -34,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from subprocess import PIPE, Popen
 from textwrap import indent
 from typing import Any
@@ -48,8 +49,29 @@ from ipyparallel.cluster.launcher import (
 from tornado.ioloop import IOLoop
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 
+from .processes import process_state
+
 #: How often a waiting coroutine looks at the zygote's events.
 _POLL_SECONDS = 0.02
+
+
+async def _poll(done: Callable[[], bool], timeout: float) -> bool:
+    """Look at ``done()`` every ``_POLL_SECONDS`` until it is true or ``timeout`` seconds have passed (``done``
+    is asked at least once, and once more at the deadline); whether it became true.
+
+    procs' one polling loop. A launcher's waits are coroutines on ipyparallel's event loop, so they
+    cannot block as ``pgnb.core.waiting.poll_until`` does (nor may procs import core); and what they
+    wait for is not always an event: the zygote's events are queued by a reader thread whose
+    wake-up may go to a loop that is gone, and an attached zygote can only be looked at by pid.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if done():
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        await asyncio.sleep(min(_POLL_SECONDS, left))
 
 #: Where this pgnb is imported from: the zygote imports pgnb.procs.zygote from the
 #: same place, whatever its working directory (the notebook's) holds.
@@ -194,18 +216,24 @@ class ForkEngineSetLauncher(EngineLauncher):  # type: ignore[misc]  # ipyparalle
         )
         self._reader.start()
 
-        deadline = time.monotonic() + self.start_timeout
-        while len(self.engine_pids) < n:
+        failed = False
+
+        def forked_or_failed() -> bool:
+            nonlocal failed
+            if len(self.engine_pids) >= n:
+                return True
             self._drain()
-            if self._zygote_exited or self._zygote_error:
-                await self._abandon_zygote()
+            failed = bool(self._zygote_exited or self._zygote_error)
+            return failed
+
+        forked = await _poll(forked_or_failed, self.start_timeout)
+        if failed or not forked:
+            await self._abandon_zygote()
+            if failed:
                 raise LauncherError(self._start_failure_message())
-            if time.monotonic() > deadline:
-                await self._abandon_zygote()
-                raise TimeoutError(
-                    f"pgnb zygote did not fork {n} engines in {self.start_timeout:g}s; see {self.zygote_output_file}"
-                )
-            await asyncio.sleep(_POLL_SECONDS)
+            raise TimeoutError(
+                f"pgnb zygote did not fork {n} engines in {self.start_timeout:g}s; see {self.zygote_output_file}"
+            )
         pids = [self.engine_pids[str(i)] for i in range(n)]
         self.notify_start(pids)
         self._maybe_finished()
@@ -347,21 +375,17 @@ class ForkEngineSetLauncher(EngineLauncher):  # type: ignore[misc]  # ipyparalle
 
     async def _wait_zygote(self, timeout: float) -> bool:
         """Wait for the zygote to exit (it exits only once its engines are reaped)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def gone() -> bool:
             self._drain()
-            if self._zygote_gone():
-                return True
-            await asyncio.sleep(_POLL_SECONDS)
-        return self._zygote_gone()
+            return self._zygote_gone()
+
+        return await _poll(gone, timeout)
 
     def _zygote_gone(self) -> bool:
         if self._zygote is not None:
             return self._zygote.poll() is not None
-        try:
-            return bool(psutil.Process(self.zygote_pid).status() == psutil.STATUS_ZOMBIE)
-        except psutil.NoSuchProcess:
-            return True
+        return process_state(self.zygote_pid) != "running"  # a zombie, or reaped already
 
     # -- signal / stop / join --------------------------------------------------------
 

@@ -54,6 +54,8 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
+from pgnb.procs.processes import OWNER_ENV, process_running
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 JUPYTER_PYTHON = os.environ.get("JUPYTER_PYTHON", sys.executable)
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -73,7 +75,7 @@ UI_TIMEOUT_MS = 60_000
 #: pgnb processes from those of anyone else on the machine.
 RUN_MARKER_VAR = "PGNB_BROWSER_TEST_RUN"
 #: pgnb puts this variable in the environment of every process it starts.
-OWNER_VAR = "PGNB_OWNER"
+OWNER_VAR = OWNER_ENV
 #: The extension under test; ``standin_pgnb`` (in this folder) checks the harness without pgnb.
 EXTENSION = os.environ.get("PGNB_BROWSER_EXTENSION", "pgnb")
 
@@ -180,10 +182,9 @@ def pgnb_processes(marker: str) -> list[dict[str, Any]]:
             continue
         try:
             raw = (entry / "environ").read_bytes()
-            stat = (entry / "stat").read_text()
         except OSError:  # gone, or not ours to read
             continue
-        if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        if not process_running(int(entry.name)):
             continue  # a zombie holds no resources; its parent reaps it
         env = dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
         if OWNER_VAR.encode() not in env or env.get(RUN_MARKER_VAR.encode()) != marker.encode():
