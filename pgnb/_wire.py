@@ -266,3 +266,4 @@ class TestReply(_TestReplyBase, total=False):
     leaks: list[str]  # what the test left behind, one line each (already undone)
     clean: bool  # the world can run the next test (False: the test's thread is stuck, the group is gone)
     group_count: int  # torch's group counter: ranks that disagree would name their next group differently
+    pdb: bool  # pytest --pdb: a rank whose test raises opens pdb where it raised

@@ -21,6 +21,7 @@ import os
 import pdb
 import socket
 import sys
+from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import IO, Any, cast
 
@@ -122,10 +123,13 @@ def install(args: DebugArgs | None, rank: int) -> dict[str, Any]:
             print(SKIPPED.format(rank=rank, why=why), file=sys.stderr)
             return
         debugger = RankPdb(channel, _cell_files())
+        for fn in ON_STOP:
+            fn()
         debugger.set_trace(frame)
         _CHANNELS.append(channel)
 
     saved = {"breakpointhook": sys.breakpointhook, "set_trace": pdb.set_trace}
+    _CELL["args"] = args
     sys.breakpointhook = stop
     pdb.set_trace = stop
     _FAILURE.clear()  # a new cell: the last failure's frames go
@@ -133,9 +137,14 @@ def install(args: DebugArgs | None, rank: int) -> dict[str, Any]:
 
 
 _CHANNELS: list[_Channel] = []
+#: Called when a breakpoint opens pdb on this rank (the pytest plugin's runner stops its deadline).
+ON_STOP: list[Callable[[], None]] = []
+#: The running cell's way to the kernel (``install``'s args), for ``debug_exception``.
+_CELL: dict[str, DebugArgs | None] = {}
 
 
 def uninstall(saved: dict[str, Any]) -> None:
+    _CELL.pop("args", None)
     sys.breakpointhook = saved["breakpointhook"]
     pdb.set_trace = saved["set_trace"]
     while _CHANNELS:
@@ -159,6 +168,26 @@ def post_mortem(args: DebugArgs | None, rank: int) -> str:
     while tb.tb_next is not None and tb.tb_frame.f_code.co_filename not in cells:
         tb = tb.tb_next  # skip IPython's frames above the cell
     debugger = RankPdb(channel, cells)
+    debugger.reset()
+    try:
+        debugger.interaction(None, tb)
+    finally:
+        channel.close()
+    return ""
+
+
+def debug_exception(exc: BaseException, rank: int) -> str:
+    """pdb now, where ``exc`` was raised, through the running cell's channel (the pytest plugin's ``--pdb``:
+    the test's frames are alive in its thread). Returns ``""`` when a debugger ran, else why not."""
+    tb = exc.__traceback__
+    if tb is None:
+        return NO_FAILURE.format(rank=rank)
+    channel, why = _open(_CELL.get("args"), rank)
+    if channel is None:
+        return f"no debugger for rank {rank}: {why}"
+    for fn in ON_STOP:
+        fn()
+    debugger = RankPdb(channel, _cell_files())
     debugger.reset()
     try:
         debugger.interaction(None, tb)

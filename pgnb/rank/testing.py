@@ -25,6 +25,7 @@ import io
 import os
 import pickle
 import random
+import re
 import sys
 import tempfile
 import threading
@@ -32,9 +33,10 @@ import time
 import traceback
 import types
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from .._wire import TestCall, TestReply
+from . import debug as rank_debug
 
 #: How often the waiting main thread looks at the store for another rank's failure (seconds).
 PEER_POLL = 0.05
@@ -43,6 +45,7 @@ PEER_GRACE = 0.3
 #: Environment variables libraries set for themselves on first use (not a test's doing).
 _LIBRARY_ENV = ("CUDA_MODULE_LOADING", "KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK")
 _FAILED_KEY = "pgnb-test/{test_id}/failed"
+_DEBUG_KEY = "pgnb-test/{test_id}/debugging"
 #: The state each rank had before its first test: what every test must leave as it found it.
 _BASELINE: dict[str, Any] = {}
 #: Modules this rank loaded itself (by path, with pytest's assertion rewriting), by name.
@@ -107,16 +110,30 @@ def run_test(call: TestCall) -> TestReply:
             fn(**kwargs)
         except BaseException as e:  # noqa: BLE001 - reported, not lost
             box["error"], box["at"] = e, time.time()
+            if call["pdb"] and _skip_kind(e) is None:  # pytest --pdb: pdb here, where it raised
+                note = rank_debug.debug_exception(e, rank)
+                if note:
+                    print(note, file=sys.stderr)
         box["grad"] = torch.is_grad_enabled()
 
     thread = threading.Thread(target=body, name=f"pgnb-test-{call['test_id']}", daemon=True)
-    with _fd_capture() as fd_text, _streams(out, err):
-        thread.start()
-        outcome = _wait(thread, call, dist, rank)
+    debugging = threading.Event()
+
+    def on_breakpoint() -> None:  # pdb is open on this rank: no deadline now, here or on the others
+        debugging.set()
+        _tell_peers(dist, _DEBUG_KEY.format(test_id=call["test_id"]), rank)
+
+    rank_debug.ON_STOP.append(on_breakpoint)
+    try:
+        with _fd_capture() as fd_text, _streams(out, err):
+            thread.start()
+            outcome = _wait(thread, call, dist, rank, debugging)
+    finally:
+        rank_debug.ON_STOP.remove(on_breakpoint)
     reply["stdout"], reply["stderr"], reply["fd_output"] = out.text(), err.text(), fd_text()
     if outcome is not None:  # still running: blocked by a peer, or past its deadline
         kind, peer = outcome
-        reply.update({"outcome": kind, "stack": _thread_stack(thread), "clean": False})
+        reply.update({"outcome": kind, "stack": _thread_stack(thread, call["rootdir"]), "clean": False})
         if peer is not None:
             reply["blocked_by"] = peer
     elif "error" in box:
@@ -170,7 +187,7 @@ def _load_rewritten(name: str, path: str) -> types.ModuleType:
         from _pytest.assertion.rewrite import rewrite_asserts
 
         tree = ast.parse(source, filename=path)
-        rewrite_asserts(tree, source, None, None)  # type: ignore[arg-type]
+        rewrite_asserts(tree, source, None, None)
         code = compile(tree, path, "exec", dont_inherit=True)
     except ImportError:  # no pytest on this rank: plain asserts
         code = compile(source, path, "exec", dont_inherit=True)
@@ -184,14 +201,22 @@ def _load_rewritten(name: str, path: str) -> types.ModuleType:
 
 
 # ---- waiting -----------------------------------------------------------------
-def _wait(thread: threading.Thread, call: TestCall, dist: Any, rank: int) -> tuple[str, int | None] | None:
-    """None when the test's thread ended; else ``("blocked", peer)`` or ``("timeout", None)``."""
+def _wait(thread: threading.Thread, call: TestCall, dist: Any, rank: int,
+          debugging: threading.Event) -> tuple[Literal["blocked", "timeout"], int | None] | None:
+    """None when the test's thread ended; else ``("blocked", peer)`` or ``("timeout", None)``.
+
+    Once pdb is open on any rank the test has no deadline here: the kernel's, which does not
+    count the time at pdb's prompt, still holds.
+    """
     deadline = None if call["timeout"] is None else time.monotonic() + call["timeout"]
     store = _store(dist)
-    key = _FAILED_KEY.format(test_id=call["test_id"])
+    failed_key = _FAILED_KEY.format(test_id=call["test_id"])
+    debug_key = _DEBUG_KEY.format(test_id=call["test_id"])
     step = 0.001
     next_look = time.monotonic() + PEER_POLL
     while True:
+        if debugging.is_set():
+            deadline = None
         thread.join(step if deadline is None else max(0.0, min(step, deadline - time.monotonic())))
         if not thread.is_alive():
             return None
@@ -201,10 +226,12 @@ def _wait(thread: threading.Thread, call: TestCall, dist: Any, rank: int) -> tup
             return ("timeout", None)
         if store is not None and now >= next_look:
             next_look = now + PEER_POLL
-            peer = _peer_failed(store, key)
+            peer = _peer_said(store, failed_key)
             if peer is not None and peer != rank:
                 thread.join(PEER_GRACE)
                 return None if not thread.is_alive() else ("blocked", peer)
+            if deadline is not None and _peer_said(store, debug_key) is not None:
+                debugging.set()
 
 
 def _store(dist: Any) -> Any:
@@ -214,7 +241,8 @@ def _store(dist: Any) -> Any:
         return None
 
 
-def _peer_failed(store: Any, key: str) -> int | None:
+def _peer_said(store: Any, key: str) -> int | None:
+    """The rank that set ``key`` in the store, if one did."""
     try:
         if store.check([key]):
             return int(store.get(key).decode())
@@ -230,21 +258,27 @@ def _report_error(reply: TestReply, error: BaseException, at: float, call: TestC
         return
     reply.update({"outcome": "failed", "ename": type(error).__name__, "evalue": str(error), "failed_at": at,
                   "traceback": _format(error, call["rootdir"])})
+    _tell_peers(dist, _FAILED_KEY.format(test_id=call["test_id"]), reply["rank"])  # they stop waiting for it
+
+
+def _tell_peers(dist: Any, key: str, rank: int) -> None:
     store = _store(dist)
     if store is not None:
-        with contextlib.suppress(Exception):  # the others stop waiting for this rank
-            store.set(_FAILED_KEY.format(test_id=call["test_id"]), str(reply["rank"]))
+        with contextlib.suppress(Exception):
+            store.set(key, str(rank))
 
 
-def _skip_kind(error: BaseException) -> str | None:
+def _skip_kind(error: BaseException) -> Literal["skipped", "xfailed"] | None:
     """``skipped`` for ``pytest.skip`` / ``unittest.SkipTest``, ``xfailed`` for ``pytest.xfail``."""
     import unittest
 
     if isinstance(error, unittest.SkipTest):
         return "skipped"
-    module = type(error).__module__
-    if module.startswith(("_pytest", "pytest")):
-        return {"Skipped": "skipped", "XFailed": "xfailed"}.get(type(error).__name__)
+    outcomes = sys.modules.get("_pytest.outcomes")  # loaded if the test could call pytest.skip
+    if outcomes is not None and isinstance(error, outcomes.Skipped):
+        return "skipped"
+    if outcomes is not None and isinstance(error, outcomes.XFailed):
+        return "xfailed"
     return None
 
 
@@ -253,13 +287,11 @@ def _format(error: BaseException, rootdir: str) -> list[str]:
     tb = error.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(error), error, tb))
-    if rootdir:
-        text = text.replace(f'File "{rootdir.rstrip(os.sep)}{os.sep}', 'File "')
+    text = _relative("".join(traceback.format_exception(type(error), error, tb)), rootdir)
     return text.rstrip("\n").split("\n")
 
 
-def _thread_stack(thread: threading.Thread) -> list[str]:
+def _thread_stack(thread: threading.Thread, rootdir: str) -> list[str]:
     """Where the test's thread is now, innermost last (the thread's own frames only)."""
     frame = sys._current_frames().get(thread.ident or -1)
     if frame is None:
@@ -267,14 +299,21 @@ def _thread_stack(thread: threading.Thread) -> list[str]:
     frames = traceback.extract_stack(frame)
     first = next((i for i, f in enumerate(frames) if f.filename != __file__ and "threading.py" not in f.filename
                   and i > 0), 0)
-    return "".join(traceback.format_list(frames[first:])).rstrip("\n").split("\n")
+    return _relative("".join(traceback.format_list(frames[first:])), rootdir).rstrip("\n").split("\n")
+
+
+def _relative(text: str, rootdir: str) -> str:
+    """Paths under ``rootdir`` as pytest shows them (relative), installed packages from the package down."""
+    if rootdir:
+        text = text.replace(f'File "{rootdir.rstrip(os.sep)}{os.sep}', 'File "')
+    return re.sub(r'File "[^"]*/(?:site|dist)-packages/', 'File "', text)
 
 
 # ---- capture -----------------------------------------------------------------
 @contextlib.contextmanager
 def _streams(out: _Capture, err: _Capture) -> Iterator[None]:
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
+    sys.stdout, sys.stderr = out, err
     try:
         yield
     finally:
@@ -363,10 +402,16 @@ def _groups(dist: Any) -> list[Any]:
 
 
 def _remember_baseline(call: TestCall, torch: Any, dist: Any) -> None:
-    if _BASELINE:
+    world = dist.group.WORLD if dist.is_initialized() else None
+    if _BASELINE and _BASELINE["world"] is world:
+        return
+    if _BASELINE:  # the plugin gave the world a fresh default group (after a failure): its groups and its
+        # rendezvous variables (MASTER_PORT) are new; the rest stays as the first test found it
+        _BASELINE.update(world=world, groups=set(_groups(dist)), env=dict(os.environ))
         return
     os.chdir(call["cwd"])
-    _BASELINE.update(env=dict(os.environ), cwd=call["cwd"], flags=_flags(torch), groups=set(_groups(dist)))
+    _BASELINE.update(env=dict(os.environ), cwd=call["cwd"], flags=_flags(torch), groups=set(_groups(dist)),
+                     world=world)
 
 
 def _undo_leaks(torch: Any, dist: Any, grad_enabled: bool) -> list[str]:

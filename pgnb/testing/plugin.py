@@ -17,6 +17,7 @@ unusable has its world replaced; the next test gets a fresh one.
 
 from __future__ import annotations
 
+import bdb
 import contextlib
 import inspect
 import os
@@ -48,8 +49,9 @@ TEST_OPTIONS = ("timeout",)
 
 _POOL = pytest.StashKey["WorldPool"]()
 _SPEC = pytest.StashKey["WorldSpec | str"]()  # the world a test runs on, or the one line why it cannot
-_SKIP = pytest.StashKey[str]()
 _COUNT = pytest.StashKey[int]()
+#: ``pytest --pgnb-torch``: torch's MultiProcessTestCase suites on warm ranks (its hooks, registered with this plugin)
+pytest_plugins = ["pgnb.testing.torch_suites"]
 
 
 class WorldLeakWarning(UserWarning):
@@ -62,6 +64,11 @@ class WorldTestFailed(Exception):
     def __init__(self, message: str, report: str = "") -> None:
         super().__init__(message)
         self.report = report or message
+
+
+class WorldTestDebugged(WorldTestFailed, bdb.BdbQuit):
+    """A world test's failure under ``--pdb``: pdb ran on the failing rank, so pytest opens none here (it
+    would show the plugin's frames, not the test's)."""
 
 
 # ---- hooks ---------------------------------------------------------------
@@ -114,7 +121,7 @@ def _check(item: pytest.Item, marker: pytest.Mark) -> None:
     try:
         item.stash[_SPEC] = world_spec(marker)
     except BackendUnavailable as e:  # nccl with fewer GPUs than ranks: a skip, as torch's own tests do
-        item.stash[_SKIP] = str(e)
+        item.add_marker(pytest.mark.skip(reason=str(e)))
     except (SpecError, TypeError) as e:
         item.stash[_SPEC] = f"{where}{_marker_args(marker)}: {e}"
 
@@ -140,8 +147,6 @@ def _marker_args(marker: pytest.Mark) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if _SKIP in item.stash:
-        pytest.skip(item.stash[_SKIP])
     spec = item.stash.get(_SPEC, None)
     if isinstance(spec, str):
         raise WorldTestFailed(spec)
@@ -161,6 +166,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     if call.excinfo is not None and isinstance(call.excinfo.value, WorldTestFailed):
         report.longrepr = call.excinfo.value.report
+    elif report.skipped and call.when == "call" and isinstance(item.stash.get(_SPEC, None), _spec_type()) \
+            and isinstance(report.longrepr, tuple):  # the ranks skipped it: say where the test is, not the plugin
+        path, line, _ = item.location
+        report.longrepr = (os.path.join(str(item.config.rootpath), path), (line or 0) + 1, report.longrepr[2])
     if report.failed and "pgnb_world" in getattr(item, "fixturenames", ()):
         spec = item.stash.get(_SPEC, None)
         if not isinstance(spec, str):  # a test that drove the world and failed leaves it dirty
@@ -208,6 +217,12 @@ def pgnb_world(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
     yield world_pool(request.config).get(spec if spec is not None else _default_spec())
 
 
+def _spec_type() -> type:
+    from ..spec import WorldSpec
+
+    return WorldSpec
+
+
 def _default_spec() -> WorldSpec:
     from .worlds import WorldPool
 
@@ -224,7 +239,7 @@ def run_on_ranks(item: pytest.Function, spec: WorldSpec) -> None:
     pool = world_pool(item.config)
     timeout, rank_timeout = _timeouts(item)
     debugging = _debugging(item.config)
-    call = _call(item, None if debugging else rank_timeout)
+    call = _call(item, rank_timeout)
     blob = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
     code = f"__import__('pgnb.rank.testing', fromlist=['run_test']).run_test(__import__('pickle').loads({blob!r}))"
     try:
@@ -243,8 +258,10 @@ def run_on_ranks(item: pytest.Function, spec: WorldSpec) -> None:
     verdict = decide(_rows(result), timeout)
     for leak in verdict.leaks:
         warnings.warn(WorldLeakWarning(f"{item.nodeid} {leak}"), stacklevel=1)
-    if verdict.dirty or verdict.kind == "failed":
-        pool.recycle(spec)
+    if verdict.dirty:
+        pool.recycle(spec)  # a rank is stuck, lost or out of step: new engines
+    elif verdict.kind == "failed":
+        pool.refresh(spec)  # every rank is idle: a fresh process group is enough
     _outcome(item, verdict, debugging)
 
 
@@ -260,6 +277,8 @@ def _outcome(item: pytest.Function, verdict: Verdict, debugging: bool) -> None:
     if verdict.kind == "xfailed":
         pytest.xfail(verdict.message)
     if verdict.kind == "failed":
+        if item.config.getoption("usepdb", False):
+            raise WorldTestDebugged(verdict.message, verdict.report)
         raise WorldTestFailed(verdict.message, verdict.report)
 
 
@@ -303,12 +322,13 @@ def _call(item: pytest.Function, rank_timeout: float | None) -> dict[str, Any]:
         "timeout": rank_timeout,
         "cwd": str(item.config.invocation_params.dir),
         "rootdir": str(item.config.rootpath),
+        "pdb": bool(item.config.getoption("usepdb", False)),
     }
 
 
 def _ours(item: pytest.Function, name: str) -> bool:
     """The parameter comes from this plugin's fixture (a conftest may define its own ``device``)."""
-    defs = item._fixtureinfo.name2fixturedefs.get(name)
+    defs = item._fixtureinfo.name2fixturedefs.get(name) or ()
     return bool(defs) and getattr(defs[-1].func, "__module__", "") == __name__
 
 
@@ -367,7 +387,7 @@ def _terminal_input(config: pytest.Config) -> Any:
 
     def answer(rank: int, text: str) -> str | None:
         head, _, prompt = text.rpartition("\n")
-        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        with _terminal(capture):
             if head:
                 sys.stdout.write(head + "\n")
             try:
@@ -376,3 +396,16 @@ def _terminal_input(config: pytest.Config) -> Any:
                 return None
 
     return answer
+
+
+@contextlib.contextmanager
+def _terminal(capture: Any) -> Iterator[None]:
+    """The real stdin and stdout for a moment, as pytest's own pdb has them."""
+    if capture is None:
+        yield
+        return
+    capture.suspend_global_capture(in_=True)
+    try:
+        yield
+    finally:
+        capture.resume_global_capture()

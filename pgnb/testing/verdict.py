@@ -56,17 +56,17 @@ def decide(rows: list[RankRow], timeout: float | None) -> Verdict:
     outcomes = {r.rank: (r.reply["outcome"] if r.reply is not None else "no reply") for r in rows}
     unimportable = [r for r in rows if outcomes[r.rank] == "unimportable"]
     if unimportable and len(unimportable) == len(rows):
-        rep = unimportable[0].reply or {}
+        rep = _reply(unimportable[0])
         first = (rep.get("traceback") or [f"{rep.get('ename')}: {rep.get('evalue')}"])[-1]
-        return Verdict("failed", f"the test cannot be imported on the ranks: {first}",
-                       _section_text(unimportable[0], "cannot import the test")
+        head = f"the test cannot be imported on the ranks: {first}"
+        return Verdict("failed", head, head + "\n\n" + _section_text(unimportable[0], "cannot import the test")
                        + "\n(the ranks import the test module by its path; it must import there as it does here)",
                        leaks, dirty)
     if all(o == "passed" for o in outcomes.values()):
         return Verdict("passed", leaks=leaks, dirty=dirty, outputs=_outputs(rows))
     for kind in ("skipped", "xfailed"):
         if all(o == kind for o in outcomes.values()):
-            reasons = sorted({(r.reply or {}).get("reason", "") for r in rows})
+            reasons = sorted({_reply(r).get("reason", "") for r in rows})
             return Verdict(kind, reasons[0] if len(reasons) == 1 else "; ".join(reasons), leaks=leaks, dirty=dirty)
     if set(outcomes.values()) <= {"passed", "skipped", "xfailed"}:
         skipped = [r for r, o in outcomes.items() if o != "passed"]
@@ -90,7 +90,7 @@ def _failure(rows: list[RankRow], outcomes: dict[int, str], timeout: float | Non
         sections = [_section_text(r, "still running at the timeout") for r in rows if r in timed_out]
         sections += [_section_text(r, _label(r)) for r in rows if r not in timed_out and _shown(r)]
         return Verdict("failed", head, head + "\n\n" + "\n\n".join(sections), leaks, dirty)
-    causes.sort(key=lambda r: ((r.reply or {}).get("failed_at", float("inf")), r.rank))
+    causes.sort(key=lambda r: (_reply(r).get("failed_at", float("inf")), r.rank))
     rest = [r for r in rows if r not in causes and outcomes[r.rank] != "passed"]
     first = causes[0] if causes else rest[0]
     head = f"rank {first.rank} failed first: {_one_line(first)}" if causes else _one_line(first)
@@ -173,7 +173,7 @@ def _section_text(r: RankRow, label: str) -> str:
 
 
 def _printed(r: RankRow) -> list[str]:
-    rep: dict[str, Any] = dict(r.reply or {})
+    rep = _reply(r)
     out = []
     for title, text in (("stdout", rep.get("stdout", "") + r.stdout), ("stderr", rep.get("stderr", "") + r.stderr),
                         ("fd 1/2 (C++ and other native output)", rep.get("fd_output", ""))):
@@ -187,10 +187,14 @@ def _outputs(rows: list[RankRow]) -> dict[int, str]:
     return {r.rank: "\n".join(_printed(r)) for r in rows if _printed(r)}
 
 
+def _reply(r: RankRow) -> dict[str, Any]:
+    return dict(r.reply or {})
+
+
 def _leaks(rows: list[RankRow]) -> list[str]:
     """Each distinct leak once, with the ranks that left it."""
     by_text: dict[str, list[int]] = {}
     for r in rows:
-        for text in (r.reply or {}).get("leaks", []) or []:
+        for text in _reply(r).get("leaks", []) or []:
             by_text.setdefault(text, []).append(r.rank)
     return [f"{ranks_text(ranks)}: {text}" for text, ranks in by_text.items()]

@@ -1,0 +1,350 @@
+"""``pytest --pgnb-torch``: torch's own ``MultiProcessTestCase`` suites on warm pgnb ranks, unchanged.
+
+How torch runs such a test (``torch/testing/_internal/common_distributed.py``): in the
+pytest process the test's ``setUp`` calls ``_spawn_processes``, whose
+``_start_processes(proc)`` starts ``world_size`` processes, each calling the class's
+``_run(rank, test_name, file_name, pipe)``; the test method is wrapped
+(``join_or_run``) so that in this process it calls ``_join_processes(fn)``, which
+waits for them and turns their exit statuses into the verdict
+(``_check_return_codes``: 0 passes, a ``TEST_SKIPS`` code skips with torch's
+reason, ``TEST_ERROR_EXIT_CODE`` fails with the traceback the process sent).
+
+With ``--pgnb-torch`` (or the ini setting ``pgnb_torch = true``) the plugin replaces
+those two methods on each test's instance, and nothing else of torch's:
+
+- ``_start_processes``: the ranks of a warm world (``pgnb.testing.worlds``) will make
+  the ``_run`` call instead, with this process's environment as ``setUp`` left it,
+  its directory and import path (``pgnb.rank.torch_suites``). Stand-ins for the
+  processes let torch's code read a ``pid`` and an ``exitcode`` as usual.
+- ``_join_processes``: one cell runs the test on the ranks, under the plugin's
+  per-test timeout (``pgnb_timeout``, pytest-timeout's, or the plugin's default).
+  The exit statuses go to the stand-ins and torch's own ``_check_return_codes``
+  (or the class's override) decides pass, skip and exit-status failures; a test
+  that raised is reported rank by rank, the rank that failed first first
+  (``pgnb.testing.verdict``). At the timeout the test fails with every rank's
+  stack and its world is replaced; so is a world a rank was lost from.
+
+Every torch test runs on one warm world as large as the largest ``world_size``
+collected (a test of 2 runs on its first 2 ranks), whose own process group is
+destroyed: torch's tests make theirs from ``file_name``. Classes that override
+``_run`` keep it (the ranks call the class's own); classes that start no
+processes through ``_start_processes`` (torch's thread-based and local-tensor
+bases) run as they always do.
+
+Left to torch's spawning (the rule; the terminal summary lists each with its
+reason): a test that expects an exit status of its own (its method is in
+``special_return_code_checks`` or ``skip_return_code_checks``), a test whose own
+code ends, kills or forks its process (it calls one of ``PROCESS_CALLS``), and a
+test marked ``pgnb_torch_spawn`` or matched by the ini setting ``pgnb_torch_spawn``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import inspect
+import os
+import pickle
+import sys
+import time
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from .._wire import TestReply, TorchTestOutcome, TorchTestRun
+    from ..core.results import RankOutput
+    from ..core.sandbox import Sandbox
+
+OPTION = "--pgnb-torch"
+INI = "pgnb_torch"
+SPAWN_INI = "pgnb_torch_spawn"
+SPAWN_MARKER = ("pgnb_torch_spawn(reason): with --pgnb-torch, leave this torch MultiProcessTestCase test "
+                "to torch's own spawned processes (pgnb's plugin)")
+#: What a test's own code calls when it ends, kills or forks its process: such a test needs a process of its own.
+PROCESS_CALLS = ("os._exit", "os.kill", "os.killpg", "os.abort", "os.fork", "signal.raise_signal",
+                 "signal.pthread_kill")
+#: Where torch's harness lives (imported by every MultiProcessTestCase suite, never by this plugin).
+HARNESS = "torch.testing._internal.common_distributed"
+
+_LEFT = pytest.StashKey[list[tuple[str, str]]]()  # config: (nodeid, reason) of each test left to torch's spawning
+_SIZE = pytest.StashKey[int]()  # config: the largest world_size among the collected torch tests
+_REASON = pytest.StashKey[str]()  # item: why it is left to torch's spawning, known at collection
+
+
+# ---- hooks ---------------------------------------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("pgnb").addoption(
+        OPTION, action="store_true", dest="pgnb_torch", default=False,
+        help="run torch's MultiProcessTestCase tests on warm pgnb ranks instead of spawning processes per test")
+    parser.addini(INI, f"as {OPTION}: run torch's MultiProcessTestCase tests on warm pgnb ranks", type="bool",
+                  default=False)
+    parser.addini(SPAWN_INI, f"with {OPTION}: node ids (fnmatch patterns) of tests left to torch's own spawning",
+                  type="linelist", default=[])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", SPAWN_MARKER)
+
+
+def enabled(config: pytest.Config) -> bool:
+    return bool(config.getoption("pgnb_torch", False) or config.getini(INI))
+
+
+def torch_case(item: pytest.Item) -> type | None:
+    """The item's ``MultiProcessTestCase`` class, or None (torch's harness is not even imported)."""
+    harness = sys.modules.get(HARNESS)
+    cls = getattr(item, "cls", None)
+    if harness is None or cls is None or type(item).__name__ != "TestCaseFunction":
+        return None
+    return cls if issubclass(cls, harness.MultiProcessTestCase) else None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not enabled(session.config):
+        return
+    sizes = []
+    for item in session.items:
+        cls = torch_case(item)
+        if cls is None:
+            continue
+        reason = spawn_reason(item, cls)
+        if reason:
+            item.stash[_REASON] = reason
+            continue
+        with contextlib.suppress(Exception):  # a property that needs a running test: asked again then
+            sizes.append(int(cls("runTest").world_size))
+    session.config.stash[_SIZE] = max(sizes, default=0)
+
+
+def spawn_reason(item: pytest.Item, cls: type) -> str:
+    """Why this test is left to torch's spawning, as far as collection can tell ("" if it is not)."""
+    marker = item.get_closest_marker("pgnb_torch_spawn")
+    if marker is not None:
+        return str(marker.kwargs.get("reason") or (marker.args[0] if marker.args else "marked pgnb_torch_spawn"))
+    for pattern in item.config.getini(SPAWN_INI):
+        if fnmatch.fnmatchcase(item.nodeid, pattern):
+            return f"listed in {SPAWN_INI} ({pattern})"
+    name = getattr(item, "name", "")
+    try:
+        source = inspect.getsource(inspect.unwrap(getattr(cls, name)))
+    except (AttributeError, OSError, TypeError):
+        return ""
+    called = [c for c in PROCESS_CALLS if f"{c}(" in source]
+    if called:
+        return f"its code calls {called[0]} (a test that ends, kills or forks its process needs one of its own)"
+    return ""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    if not enabled(item.config) or torch_case(item) is None:
+        return (yield)
+    reason = item.stash.get(_REASON, "")
+    if reason:
+        left_to_spawning(item, reason)
+        return (yield)
+    case = item.instance  # type: ignore[attr-defined]
+    warm = WarmRun(item, case)
+    case._start_processes = warm.start
+    case._join_processes = warm.join
+    try:
+        return (yield)
+    finally:
+        for name in ("_start_processes", "_join_processes"):
+            with contextlib.suppress(AttributeError):
+                delattr(case, name)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    left = config.stash.get(_LEFT, [])
+    if left:
+        terminalreporter.write_sep("-", f"{OPTION}: {len(left)} left to torch's own spawning")
+        for nodeid, reason in left:
+            terminalreporter.write_line(f"{nodeid}: {reason}")
+
+
+def left_to_spawning(item: pytest.Item, reason: str) -> None:
+    item.config.stash.setdefault(_LEFT, []).append((item.nodeid, reason))
+
+
+# ---- one test on warm ranks ----------------------------------------------
+class RankProcess:
+    """What torch's parent reads of a process it spawned, for a rank that ran the test instead."""
+
+    def __init__(self, rank: int, pid: int) -> None:
+        self.name = f"process {rank}"
+        self.pid = pid
+        self.exitcode: int | None = None
+        self.pipe = SentText()
+
+    def is_alive(self) -> bool:
+        return False
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def terminate(self) -> None:
+        pass
+
+    kill = terminate
+    close = terminate
+
+
+class SentText:
+    """The parent's end of a rank's pipe: what the test sent (its traceback), read once."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.closed = False
+
+    def recv(self) -> str:
+        return self.text
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        return bool(self.text)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class WarmRun:
+    """The two methods a test's instance gets instead of torch's: start on warm ranks, join with a deadline."""
+
+    def __init__(self, item: pytest.Item, case: Any) -> None:
+        self.item = item
+        self.case = case
+        self.run: TorchTestRun | None = None
+        self.world: Sandbox | None = None
+        self.processes: list[RankProcess] = []
+
+    def start(self, proc: Any) -> None:
+        case = self.case
+        own = (case.special_return_code_checks or case.skip_return_code_checks)
+        if own:
+            left_to_spawning(self.item, "it expects an exit status of its own (special_return_code_checks)")
+            type(case)._start_processes(case, proc)
+            return
+        n = int(case.world_size)
+        self.world = world_for(self.item.config, n)
+        pids = [r.pid or 0 for r in self.world.snapshot().ranks[:n]]
+        cls = type(case)
+        module = sys.modules[cls.__module__]
+        self.run = {
+            "module": cls.__module__,
+            "path": str(getattr(module, "__file__", "") or ""),
+            "qualname": cls.__qualname__,
+            "test_name": case._current_test_name(),
+            "file_name": case.file_name,
+            "kwargs": {"fake_pg": getattr(case, "fake_pg", False)},
+            "env": dict(os.environ),  # what a spawned process inherits, setUp's changes included
+            "cwd": os.getcwd(),
+            "sys_path": [p for p in sys.path if isinstance(p, str)],
+        }
+        self.processes = [RankProcess(r, pid) for r, pid in enumerate(pids)]
+        case.processes = self.processes
+        case.pid_to_pipe = {p.pid: p.pipe for p in self.processes}
+
+    def join(self, fn: Any) -> None:
+        __tracebackhide__ = True
+        case = self.case
+        if self.run is None or self.world is None:
+            type(case)._join_processes(case, fn)
+            return
+        from .plugin import WorldTestFailed, _timeouts, world_pool
+        from .verdict import decide
+
+        timeout = _timeouts(self.item)[0]
+        pool, sb = world_pool(self.item.config), self.world
+        ranks = {p.pid: r for r, p in enumerate(self.processes)}  # the engines' pids: each knows its rank
+        blob = pickle.dumps(self.run, protocol=pickle.HIGHEST_PROTOCOL)
+        code = (f"__import__('pgnb.rank.torch_suites', fromlist=['run_torch_test']).run_torch_test("
+                f"__import__('pickle').loads({blob!r}), {ranks!r})")
+        t0 = time.monotonic()
+        try:
+            result = sb.execute(code, ranks=range(len(self.processes)), timeout=timeout)
+        except BaseException:
+            pool.recycle(sb)
+            raise
+        elapsed = time.monotonic() - t0
+        outcomes = [_outcome(out) for out in result.ranks]
+        if any(o is None for o in outcomes) or not all(o["clean"] for o in outcomes if o is not None):
+            pool.recycle(sb)  # a rank hung, was lost, or kept a group: the next test gets a fresh world
+        harness = sys.modules[HARNESS]
+        error_code = harness.MultiProcessTestCase.TEST_ERROR_EXIT_CODE
+        overridden = type(case)._check_return_codes is not harness.MultiProcessTestCase._check_return_codes
+        raised = any(o is None or o["exit_code"] == error_code for o in outcomes)
+        if raised and not (overridden and all(o is not None for o in outcomes)):
+            rows = [_row(out, o, harness) for out, o in zip(result.ranks, outcomes, strict=True)]
+            verdict = decide(rows, timeout)
+            raise WorldTestFailed(verdict.message, verdict.report)  # its report has what each rank printed
+        for out, p, o in zip(result.ranks, self.processes, outcomes, strict=True):
+            assert o is not None
+            text = _printed(out, o)
+            if text:
+                self.item.add_report_section("call", f"rank {out.rank}", text)
+            p.exitcode = o["exit_code"]
+            p.pipe.text = o["error"]
+        case._check_return_codes(fn, elapsed)
+
+
+def world_for(config: pytest.Config, n: int) -> Sandbox:
+    """The warm world torch's tests run on: the largest size collected (or ``n``), its own group destroyed."""
+    from .plugin import WorldTestFailed, world_pool
+
+    pool = world_pool(config)
+    key = pool.key({"world": max(n, config.stash.get(_SIZE, 0))})
+    sb = pool.worlds().get(key)  # as it is: a world whose group torch's tests destroyed stays so
+    if sb is None:
+        try:
+            sb = pool.get(key)
+        except Exception as e:
+            pool.recycle(key)
+            raise WorldTestFailed(f"the world for this test did not start: {e}") from None
+    if sb.is_initialized:
+        sb.destroy()  # each test makes its own group from its file_name
+    return sb
+
+
+def _outcome(out: RankOutput) -> TorchTestOutcome | None:
+    value = out.value
+    return value if isinstance(value, dict) and "exit_code" in value else None  # type: ignore[return-value]
+
+
+def _printed(out: RankOutput, o: TorchTestOutcome | None) -> str:
+    parts = [(name, text) for name, text in (("stdout", out.stdout), ("stderr", out.stderr),
+                                             ("fd 1/2", o["fd_output"] if o else "")) if text]
+    return "\n".join(f"--- rank {out.rank} {name} ---\n{text.rstrip()}" for name, text in parts)
+
+
+def _row(out: RankOutput, o: TorchTestOutcome | None, harness: Any) -> Any:
+    """One rank's part in ``pgnb.testing.verdict``'s terms."""
+    from .verdict import RankRow
+
+    if o is None:
+        error = f"{out.ename}: {out.evalue}" if out.ename else out.state
+        return RankRow(out.rank, None, out.state, error, tuple(out.traceback), tuple(out.stack))
+    reply: TestReply = {"rank": o["rank"], "outcome": "passed", "seconds": o["seconds"], "stdout": out.stdout,
+                        "stderr": out.stderr, "fd_output": o["fd_output"], "clean": o["clean"]}
+    code = o["exit_code"]
+    skip = next((s for s in harness.TEST_SKIPS.values() if s.exit_code == code), None)
+    if skip is not None:
+        reply["outcome"], reply["reason"] = "skipped", skip.message
+    elif code != 0:
+        ename, evalue = _exception_line(o["error"]) or ("SystemExit", f"the test exited with status {code}")
+        reply["outcome"], reply["ename"], reply["evalue"] = "failed", ename, evalue
+        reply["traceback"], reply["failed_at"] = o["error"].rstrip("\n").split("\n"), o["ended"]
+    return RankRow(out.rank, reply)
+
+
+def _exception_line(text: str) -> tuple[str, str] | None:
+    """``(name, message)`` of the exception a formatted traceback ends with."""
+    lines = text.rstrip("\n").split("\n")
+    last_frame = max((i for i, ln in enumerate(lines) if ln.startswith("  File ")), default=-1)
+    for i in range(last_frame + 1, len(lines)):
+        line = lines[i]
+        if line and not line.startswith(" "):
+            name, _, message = line.partition(": ")
+            return name.strip(), "\n".join([message, *lines[i + 1:]]).strip()
+    return None
