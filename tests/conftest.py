@@ -1,7 +1,16 @@
-"""Shared fixtures: a temporary IPYTHONDIR, one shared world, leak checks."""
+"""Shared fixtures: a temporary IPYTHONDIR, one shared world per size, factories that check for leaks, a fresh shell.
+
+- ``world4``: one gloo world of 4 for the whole session, for the modules that only read or run cells
+  (each leaves it whole: a cell that blocks a rank releases it before the test ends).
+- ``make_world(**options)`` / ``start_world(request, **options)``: a world of a test's or a module's own,
+  for tests that kill ranks or change options; ``make_marked_kernel()``: a kernel whose processes are
+  seen from outside. At teardown each is stopped and nothing it started may be left.
+- Every module starts without an IPython shell and leaves none behind (``_fresh_shell``).
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 
@@ -44,17 +53,90 @@ def wait_gone(pids, timeout=10.0):
     return alive(pids)
 
 
-@pytest.fixture(scope="session")
-def world4():
-    """One gloo world of 4 shared by the tests that only read or run collectives."""
+#: Seconds a stopped world or kernel has for every process it started to end.
+GONE_WITHIN = 10.0
+
+
+def stop_leaving_nothing(sb) -> None:
+    """Shut ``sb`` down; every process it started ends within ``GONE_WITHIN`` s and its scratch directory is gone."""
+    pids = sb.pids
+    # made now if no test made it: shutdown must remove it all the same
+    scratch = sb.scratch_dir if pids else None
+    sb.shutdown()
+    assert wait_gone(pids, timeout=GONE_WITHIN) == [], f"left running after shutdown: {alive(pids)}"
+    assert scratch is None or not os.path.exists(scratch), f"left behind: {scratch}"
+
+
+def start_world(request, **options):
+    """A started ``pgnb.Sandbox(**options)``, stopped when ``request``'s scope ends (``stop_leaving_nothing``).
+
+    From a module-scoped fixture it is the module's own world; ``make_world`` is the same for one test.
+    """
     import pgnb
 
-    sb = pgnb.Sandbox(backend="gloo", world=4)
+    sb = pgnb.Sandbox(**options)
+    request.addfinalizer(lambda: stop_leaving_nothing(sb))  # before start: a start that fails half-way is stopped too
     sb.start()
-    yield sb
-    pids = sb.pids
-    sb.shutdown()
-    assert wait_gone(pids) == []
+    return sb
+
+
+@pytest.fixture
+def make_world(request):
+    """``make_world(**options)``: a world of this test's own (it kills ranks, changes options); checked at teardown."""
+    return functools.partial(start_world, request)
+
+
+@pytest.fixture(scope="session")
+def world4(request):
+    """One gloo world of 4 shared by every module that only reads or runs cells."""
+    return start_world(request, backend="gloo", world=4)
+
+
+@pytest.fixture
+def make_marked_kernel(request):
+    """``make_marked_kernel()``: a ``procs_util.MarkedKernel``; at teardown it is SIGKILLed (as nbval does, if the
+    test did not close it) and no process or file of its pgnb may be left within ``GONE_WITHIN`` s."""
+    from procs_util import MarkedKernel
+
+    def make():
+        k = MarkedKernel()
+
+        def check():
+            try:
+                k.close(kill=True)
+                assert k.wait_nothing_left(GONE_WITHIN) == ([], [])
+            finally:
+                k.forget()
+
+        request.addfinalizer(check)
+        return k
+
+    return make
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fresh_shell():
+    """Each module gets its own ``InteractiveShell.instance()``: another module's shell (its magics, user
+    namespace, history) is closed and forgotten when that module ends, so no test depends on what one left."""
+    _forget_shell()
+    yield
+    _forget_shell()
+
+
+def _forget_shell() -> None:
+    import sys
+
+    if "IPython" not in sys.modules:
+        return  # nothing made a shell yet
+    import atexit
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    if InteractiveShell.initialized():
+        shell = InteractiveShell.instance()
+        atexit.unregister(shell.atexit_operations)  # it runs once, now: it cannot run twice
+        shell.atexit_operations()  # clears the namespaces, closes the history database and its thread
+        InteractiveShell.clear_instance()
 
 
 @pytest.fixture
@@ -113,15 +195,23 @@ def timed(fn, *args):
 
 
 def _pgnb_kernel(world: int):
-    """A real Jupyter kernel with pgnb loaded and a gloo world of ``world`` ranks; shut down after the module."""
+    """A real Jupyter kernel with pgnb loaded and a gloo world of ``world`` ranks; shut down after the module,
+    and nothing it started left."""
+    import json
+
     from kernel_util import Kernel
 
     k = Kernel()
     assert k.execute("%load_ext pgnb").status == "ok"
-    assert k.execute(f"%pg_init --backend gloo --world {world}").status == "ok"
+    ex = k.execute(f"%pg_init --backend gloo --world {world}")
+    assert ex.status == "ok", ex.text()
     yield k
+    ex = k.execute("import json, pgnb\nprint(json.dumps(pgnb.current().pids if pgnb.current() else []))")
+    pids = json.loads("".join(o["text"] for o in ex.outputs if o.get("name") == "stdout") or "[]")
+    pids.append(k.pid)
     k.execute("%pg_shutdown")
     k.shutdown()
+    assert wait_gone(pids, timeout=GONE_WITHIN) == [], f"left running: {alive(pids)}"
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""%%pg and Sandbox.execute / push / pull on one shared 4-rank gloo world (real engines).
+"""%%pg and Sandbox.execute / push / pull on the shared 4-rank gloo world (real engines).
 
 Every behaviour goes through the API (``Sandbox.execute``) and, where the
 magic adds something (rendering, ``_pg``, ``--push``, ``--out``, UsageErrors),
@@ -37,13 +37,9 @@ def plain(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def world():
-    sb = pgnb.Sandbox(backend="gloo", world=4)
-    sb.start()
-    yield sb
-    stack_dir = sb.scratch_dir
-    sb.shutdown()
-    assert not os.path.exists(stack_dir)  # no stack files left behind
+def world(world4):
+    """The shared world of 4 (conftest; its teardown checks that no stack file is left); it drives ``ip`` too."""
+    return world4
 
 
 # ---- output, in rank order ------------------------------------------------

@@ -10,7 +10,7 @@ import re
 import time
 
 import pytest
-from kernel_util import Execution, Kernel
+from kernel_util import Execution
 
 pytestmark = [pytest.mark.integration, pytest.mark.kernel]
 
@@ -20,14 +20,9 @@ EXPECTED = "".join(f"[rank {r}]\ntensor([6., 6.])\n" for r in range(4))
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    assert k.execute("%load_ext pgnb").status == "ok"
-    ex = k.execute("%pg_init --backend gloo --world 4")
-    assert ex.status == "ok", ex.text()
-    yield k
-    k.execute("%pg_shutdown")
-    k.shutdown()
+def kernel(kernel4):
+    """The module's kernel with a world of 4 (conftest; nothing it started is left after the module)."""
+    return kernel4
 
 
 def streams(ex: Execution, name: str) -> str:

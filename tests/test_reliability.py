@@ -28,7 +28,7 @@ from unittest import mock
 
 import psutil
 import pytest
-from conftest import alive, pg, timed, wait_gone
+from conftest import alive, pg, start_world, timed, wait_gone
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
@@ -135,11 +135,9 @@ def mode(path):
 
 # ---------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def world():
-    sb = pgnb.Sandbox(backend="gloo", world=WORLD)
-    sb.start()
-    yield sb
-    sb.shutdown()
+def world(request):
+    """The module's own world (its tests kill ranks); stopped after the module, nothing left."""
+    return start_world(request, backend="gloo", world=WORLD)
 
 
 @pytest.fixture
@@ -526,120 +524,96 @@ _interrupt_figures: dict[str, float] = {}
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("after", [0.3, 0.8, 1.5])
-def test_fault_interrupt_cold_init(after, record_property):
+def test_fault_interrupt_cold_init(after, record_property, make_marked_kernel):
     """The stop button (kernel interrupt) 0.3, 0.8 and 1.5 s into a cold `%pg_init --backend gloo --world 4`: the cell
     ends with one line, `UsageError: %pg_init interrupted while <phase>; ...`, no traceback; what that call had
     started (controller, zygote, engines, nannies, reaper) is stopped within 2 s and `%pg_status` says no world exists;
     the next plain `%pg_init` (no `--force`) works and its `all_reduce` is right; a kernel SIGKILL then leaves
     nothing.
     """
-    from procs_util import MarkedKernel
+    k = make_marked_kernel()
+    _ok(k, "%load_ext pgnb")
+    msg = k.kc.execute("%pg_init --backend gloo --world 4")
+    time.sleep(after)
+    started = k.by_kind()
+    t_int = time.monotonic()
+    k.km.interrupt_kernel()
+    ex = k.collect(msg, 60)
+    returned = time.monotonic() - t_int
+    if ex.status == "ok":  # a fast machine: the world was up before the interrupt landed; it stays up
+        assert k.world()["phase"] == "initialized"
+    else:
+        evalue = _one_usage_error(ex)
+        assert evalue.startswith("%pg_init interrupted while "), evalue
+        assert "nothing is running" in evalue, evalue
+        procs, _ = k.wait_nothing_left(max(0.0, 2.0 - (time.monotonic() - t_int)))
+        stopped = time.monotonic() - t_int
+        assert procs == [], (procs, started)
+        assert stopped < 2.0 + 0.2, stopped
+        _interrupt_figures["interrupt_return_s"] = max(_interrupt_figures.get("interrupt_return_s", 0), returned)
+        _interrupt_figures["interrupt_stopped_s"] = max(_interrupt_figures.get("interrupt_stopped_s", 0),
+                                                        stopped)
+        status = k.execute("%pg_status")
+        assert _one_usage_error(status).startswith("no process group yet"), status.text()
+    assert sum(len(v) for v in started.values()) > 0, started  # the interrupt did land in a starting world
+    _ok(k, "%pg_init --backend gloo --world 4")
+    _all_reduce_ok(k, 4)
+    for key, value in _interrupt_figures.items():
+        record_property(key, round(value, 2))
 
-    k = MarkedKernel()
-    try:
-        _ok(k, "%load_ext pgnb")
-        msg = k.kc.execute("%pg_init --backend gloo --world 4")
-        time.sleep(after)
-        started = k.by_kind()
-        t_int = time.monotonic()
-        k.km.interrupt_kernel()
-        ex = k.collect(msg, 60)
-        returned = time.monotonic() - t_int
-        if ex.status == "ok":  # a fast machine: the world was up before the interrupt landed; it stays up
-            assert k.world()["phase"] == "initialized"
-        else:
-            evalue = _one_usage_error(ex)
-            assert evalue.startswith("%pg_init interrupted while "), evalue
-            assert "nothing is running" in evalue, evalue
-            procs, _ = k.wait_nothing_left(max(0.0, 2.0 - (time.monotonic() - t_int)))
-            stopped = time.monotonic() - t_int
-            assert procs == [], (procs, started)
-            assert stopped < 2.0 + 0.2, stopped
-            _interrupt_figures["interrupt_return_s"] = max(_interrupt_figures.get("interrupt_return_s", 0), returned)
-            _interrupt_figures["interrupt_stopped_s"] = max(_interrupt_figures.get("interrupt_stopped_s", 0),
-                                                            stopped)
-            status = k.execute("%pg_status")
-            assert _one_usage_error(status).startswith("no process group yet"), status.text()
-        assert sum(len(v) for v in started.values()) > 0, started  # the interrupt did land in a starting world
-        _ok(k, "%pg_init --backend gloo --world 4")
-        _all_reduce_ok(k, 4)
-        for key, value in _interrupt_figures.items():
-            record_property(key, round(value, 2))
-    finally:
-        k.close(kill=True)
-    try:
-        assert k.wait_nothing_left(10) == ([], [])
-    finally:
-        k.forget()
+
+def _killed_under_an_idle_world(k, kind):
+    """``%pg_init --world 2`` in the kernel ``k``, then its one ``kind`` process SIGKILLed: (its pid, when)."""
+    _ok(k, "%load_ext pgnb")
+    _ok(k, "%pg_init --world 2")
+    pids = k.by_kind()[kind]
+    assert len(pids) == 1, k.by_kind()
+    t_kill = time.monotonic()
+    os.kill(pids[0], signal.SIGKILL)
+    return pids[0], t_kill
 
 
 @pytest.mark.kernel
-def test_fault_controller_killed(record_property):
+def test_fault_controller_killed(record_property, make_marked_kernel):
     """The ipyparallel controller is SIGKILLed under an idle world: the next `%%pg`, run at once, names the controller
     and the signal in one line (not the engines, not after a 30 s wait), within 2 s of the kill; the status view says
     the same within 2 s; a plain `%pg_init` then starts a working world.
     """
-    from procs_util import MarkedKernel
-
-    k = MarkedKernel()
-    try:
-        _ok(k, "%load_ext pgnb")
-        _ok(k, "%pg_init --world 2")
-        controller = k.by_kind()["controller"]
-        assert len(controller) == 1, k.by_kind()
-        t_kill = time.monotonic()
-        os.kill(controller[0], signal.SIGKILL)
-        ex = k.execute("%%pg\nprint(rank)")
-        named = time.monotonic() - t_kill
-        evalue = _one_usage_error(ex)
-        assert evalue.startswith("the ipyparallel controller died (SIGKILL); run `%pg_init"), evalue
-        assert named < 2.0, named
-        record_property("controller_named_s", round(named, 2))
-        world = k.world()
-        assert world["message"].startswith("the ipyparallel controller died (SIGKILL)"), world
-        assert {row[1] for row in world["rows"]} == {"lost"}, world
-        _ok(k, "%pg_init --world 2")
-        _all_reduce_ok(k, 2)
-    finally:
-        k.close(kill=True)
-    try:
-        assert k.wait_nothing_left(10) == ([], [])
-    finally:
-        k.forget()
+    k = make_marked_kernel()
+    _, t_kill = _killed_under_an_idle_world(k, "controller")
+    ex = k.execute("%%pg\nprint(rank)")
+    named = time.monotonic() - t_kill
+    evalue = _one_usage_error(ex)
+    assert evalue.startswith("the ipyparallel controller died (SIGKILL); run `%pg_init"), evalue
+    assert named < 2.0, named
+    record_property("controller_named_s", round(named, 2))
+    world = k.world()
+    assert world["message"].startswith("the ipyparallel controller died (SIGKILL)"), world
+    assert {row[1] for row in world["rows"]} == {"lost"}, world
+    _ok(k, "%pg_init --world 2")
+    _all_reduce_ok(k, 2)
 
 
 @pytest.mark.kernel
-def test_fault_reaper_killed_then_kernel_killed(record_property):
+def test_fault_reaper_killed_then_kernel_killed(record_property, make_marked_kernel):
     """pgnb's reaper is SIGKILLed under an idle world: within 2 s a new reaper runs (told of every process) and the
     status view says so, the world keeps working; then the kernel is SIGKILLed (as nbval does) and no process or file
     of pgnb's is left within 10 s (before: the 9 controller processes lived on).
     """
-    from procs_util import MarkedKernel
-
-    k = MarkedKernel()
-    try:
-        _ok(k, "%load_ext pgnb")
-        _ok(k, "%pg_init --world 2")
-        old = k.by_kind()["reaper"]
-        assert len(old) == 1, k.by_kind()
-        t_kill = time.monotonic()
-        os.kill(old[0], signal.SIGKILL)
-        took = wait_until(lambda: k.by_kind()["reaper"] not in ([], old), 2.0, step=0.02)
-        assert took is not None, "no new reaper within 2 s"
-        record_property("reaper_replaced_s", round(time.monotonic() - t_kill, 2))
-        assert "pgnb's reaper died (SIGKILL)" in k.world()["message"]
-        _all_reduce_ok(k, 2)
-        before = k.by_kind()
-        assert before["controller"] and before["scheduler"] and before["engine"], before
-    finally:
-        k.close(kill=True)
+    k = make_marked_kernel()
+    old, t_kill = _killed_under_an_idle_world(k, "reaper")
+    took = wait_until(lambda: k.by_kind()["reaper"] not in ([], [old]), 2.0, step=0.02)
+    assert took is not None, "no new reaper within 2 s"
+    record_property("reaper_replaced_s", round(time.monotonic() - t_kill, 2))
+    assert "pgnb's reaper died (SIGKILL)" in k.world()["message"]
+    _all_reduce_ok(k, 2)
+    before = k.by_kind()
+    assert before["controller"] and before["scheduler"] and before["engine"], before
+    k.close(kill=True)
     t0 = time.monotonic()
-    try:
-        left = k.wait_nothing_left(10)
-        record_property("nothing_left_after_kernel_kill_s", round(time.monotonic() - t0, 2))
-        assert left == ([], []), left
-    finally:
-        k.forget()
+    left = k.wait_nothing_left(10)
+    record_property("nothing_left_after_kernel_kill_s", round(time.monotonic() - t0, 2))
+    assert left == ([], []), left
 
 
 # ---------------------------------------------------------------- bad input

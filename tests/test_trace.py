@@ -1,9 +1,9 @@
 """``%%pg --trace``: recorded sequences, clock offsets, mismatches, the trace after --timeout.
 
-The first tests need no engines (records made by hand). The rest run on one
-module-scoped 4-rank gloo world, through the API (``Sandbox.execute(trace=True)``) and
-through ``%%pg --trace``. The tests that leave ranks stuck or dead come last,
-and the last one also checks the recovery (``%pg_init ... --force``).
+The first tests need no engines (records made by hand). The rest run on the
+shared 4-rank gloo world, through the API (``Sandbox.execute(trace=True)``) and
+through ``%%pg --trace``. The tests that leave ranks stuck or dead come last, on
+a world of their own, and the last one also checks the recovery (``%pg_init ... --force``).
 Tracing's cost is measured by ``benchmarks/trace_overhead.py``, not here;
 here "off" is checked structurally: nothing of torch.distributed is wrapped.
 """
@@ -15,11 +15,10 @@ import os
 import re
 
 import pytest
-from conftest import pg
+from conftest import pg, start_world
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-import pgnb
 from pgnb.core import trace_run
 from pgnb.core.trace import ClockOffset, Trace, calls_from_records
 from pgnb.notebook.trace import timeline
@@ -177,11 +176,26 @@ def test_the_timeline_is_a_png_with_a_deterministic_text():
 
 # ---- real engines -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def world():
-    sb = pgnb.Sandbox(backend="gloo", world=4)
-    sb.start()
-    yield sb
-    sb.shutdown()
+def world(world4):
+    """The shared world of 4 (conftest), for the tests that leave it whole; it drives ``ip`` too."""
+    return world4
+
+
+@pytest.fixture(scope="module")
+def own_world(request):
+    """A world of 4 of the last tests' own: they leave ranks stuck or dead (stopped, leak-checked, after them)."""
+    return start_world(request, backend="gloo", world=4)
+
+
+@pytest.fixture
+def own_ip(own_world, ip):
+    """``ip`` driving ``own_world`` during one test."""
+    from pgnb.notebook.current import current, set_current
+
+    before = current()
+    set_current(own_world)
+    yield ip
+    set_current(before)
 
 
 SEQUENCE = """\
@@ -392,7 +406,8 @@ for i in range(3):
 
 
 @pytest.mark.integration
-def test_the_trace_after_a_timeout_says_who_never_called(world, ip):
+def test_the_trace_after_a_timeout_says_who_never_called(own_world, own_ip):
+    world, ip = own_world, own_ip
     cap, err = pg(ip, "--trace --timeout 2", SKIP_THIRD)
     assert err is not None and "still running after the 2 s --timeout" in str(err)
     texts = [o.data["text/plain"] for o in cap.outputs]
@@ -406,7 +421,8 @@ def test_the_trace_after_a_timeout_says_who_never_called(world, ip):
 
 
 @pytest.mark.integration
-def test_kill_a_rank_then_recover(world, ip):
+def test_kill_a_rank_then_recover(own_world, own_ip):
+    world, ip = own_world, own_ip
     with capture_output() as cap:
         ip.run_line_magic("pg_kill", "2")
     assert cap.stdout == "killed rank 2's engine (SIGKILL), as a crash or the out-of-memory killer would\n"
