@@ -212,6 +212,37 @@ class ProfileSummary(TypedDict, total=False):
     trace: dict[str, Any]  # the Chrome trace itself, for a rank on another host
 
 
+class TorchTestRun(TypedDict):
+    """``pgnb.rank.torch_suites.run_torch_test``: one test of a torch ``MultiProcessTestCase`` class, on one rank.
+
+    What a process torch spawns would have had: the test's class (found by module and
+    qualified name, the module imported as pytest imported it), its arguments to
+    ``_run``, and the parent's environment, working directory and import path.
+    """
+
+    module: str  # the class's module name
+    path: str  # that module's file
+    qualname: str  # the class's qualified name in it
+    test_name: str
+    file_name: str  # the parent's self.file_name (torch's FileStore rendezvous file)
+    kwargs: dict[str, Any]  # the keywords torch passes to _run (fake_pg)
+    env: dict[str, str]  # the parent's os.environ when it started the ranks
+    cwd: str
+    sys_path: list[str]
+
+
+class TorchTestOutcome(TypedDict):
+    """How one rank's run of a torch test ended: what torch's parent reads from a process it spawned."""
+
+    rank: int
+    exit_code: int  # 0, a TEST_SKIPS code, MultiProcessTestCase.TEST_ERROR_EXIT_CODE, 1 (uncaught), ...
+    error: str  # what the test sent its parent pipe (the traceback torch reports), or an uncaught traceback
+    ended: float  # time.time() when the test ended on this rank (who failed first)
+    seconds: float  # how long the test ran on this rank
+    fd_output: str  # what was written to fd 1/2 meanwhile (torch's C++ and logging output)
+    clean: bool  # every process group the test left was destroyed: the rank can run the next test
+
+
 def stack_file(stack_dir: str, pid: int) -> str:
     """Where the engine with ``pid`` writes its stack dumps (one 0600 file per engine)."""
     return os.path.join(stack_dir, f"stacks-{pid}.txt")

@@ -147,7 +147,7 @@ def init_rank(plan: InitPlan) -> RankReport:
     dist.set_debug_level_from_env()
     if dist.is_initialized():
         dist.destroy_process_group()
-    _reset_group_counter(dist)
+    reset_group_counter(dist)
 
     kwargs: dict[str, Any] = {
         "backend": plan["backend"],
@@ -190,7 +190,7 @@ def init_rank(plan: InitPlan) -> RankReport:
     return rank_status()
 
 
-def _reset_group_counter(dist: Any) -> None:
+def reset_group_counter(dist: Any) -> None:
     """A failed init leaves torch's group counter at 1, so this rank would name its
     default group differently from a fresh rank and the rendezvous keys would never
     match. destroy_process_group() resets it; do the same after a failure."""
