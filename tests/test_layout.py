@@ -162,16 +162,15 @@ def test_the_checker_sees_a_hidden_cycle(tmp_path, monkeypatch):
 
 
 @pytest.mark.integration
-def test_a_rank_loads_no_kernel_side_module():
+def test_a_rank_loads_no_kernel_side_module(make_world):
     """After init, a cell, a trace and a show, an engine has imported pgnb.rank only (a fresh world:
     functions other tests send by reference would import their own modules there)."""
-    import pgnb
     from pgnb.core.show import gather
 
-    with pgnb.Sandbox(world=2) as sb:
-        sb.execute("x = torch.ones(2)", trace=True)
-        gather("x", world=sb)
-        res = sb.execute("import sys\nsorted(m for m in sys.modules if m == 'pgnb' or m.startswith('pgnb.'))")
+    sb = make_world(world=2)
+    sb.execute("x = torch.ones(2)", trace=True)
+    gather("x", world=sb)
+    res = sb.execute("import sys\nsorted(m for m in sys.modules if m == 'pgnb' or m.startswith('pgnb.'))")
     for mods in res.values:
         assert {"pgnb.rank.engine", "pgnb.rank.cell", "pgnb.rank.trace", "pgnb.rank.values"} <= set(mods)
         assert [m for m in mods if m.startswith(("pgnb.core", "pgnb.notebook"))] == []
@@ -180,7 +179,7 @@ def test_a_rank_loads_no_kernel_side_module():
 # ---- one fact in one place: the zombie check and the rule for a remote failure ---------------------------------
 TESTS = PKG.parent / "tests"
 #: The one module that reads ``/proc/PID/stat`` and says whether a process is a zombie (pgnb's process helpers).
-PROCESS_FACTS = "pgnb/procs/processes.py" if (PKG / "procs" / "processes.py").exists() else "pgnb/procs/reaper.py"
+PROCESS_FACTS = "pgnb/procs/processes.py"
 #: The one module that reads a remote exception's name and decides what a failed task means.
 REMOTE_RULE = "pgnb/core/remote.py"
 #: The names ipyparallel gives a task whose engine died and one aborted behind an interrupted one.
