@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -236,6 +237,29 @@ def test_world_tests_in_one_session(pytester: pytest.Pytester) -> None:
         "'only_in_the_pytest_process'\n"), out
     # passing tests print nothing (their ranks printed nothing)
     assert "Captured rank" not in out
+
+
+def test_the_docs_examples_run_as_written(pytester: pytest.Pytester) -> None:
+    """Every ``# test_*.py`` block of docs/testing_distributed_code.md, run as a file; the failing one's
+    report reads as the page shows it."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "testing_distributed_code.md").read_text()
+    files = {}
+    for block in re.findall(r"```python\n(.*?)```", page, re.S):
+        first = block.split("\n", 1)[0]
+        if re.fullmatch(r"# test_\w+\.py", first):
+            files[first[2:-3]] = block
+    assert {"test_collectives", "test_fixtures", "test_driver", "test_failing"} <= set(files)
+    pytester.makepyfile(**files)
+    junit = str(pytester.path / "junit.xml")
+    result = _run(pytester, f"--junitxml={junit}")
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("passed"), outcomes.get("failed")) == (5, 1), result.stdout.str()
+    report = _failure(junit, "test_rank_2_raises")
+    shown = re.search(r"```text\n(.*?)```", page, re.S)
+    assert shown is not None
+    for line in shown.group(1).splitlines():
+        if line.strip() != "...":
+            assert line in report.splitlines(), (line, report)
 
 
 def test_marker_on_a_fixture_is_one_line(pytester: pytest.Pytester) -> None:
