@@ -16,18 +16,20 @@ first), so a controller or zygote is named before the engines that die with it.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 
 from ..procs.processes import process_alive, zombie_status
+from .waiting import poll_until
 
 #: Seconds between two looks at the watched pids.
 PERIOD = 0.3
 #: How long to wait for the launcher to reap a dead process and learn its exit status.
 STATUS_WAIT = 0.3
+
+_log = logging.getLogger("pgnb")
 
 _SIGNAL_WORDS = {
     signal.SIGSEGV: "segmentation fault",
@@ -143,18 +145,21 @@ class Watcher:
                     if self._procs.pop(pid, None) is None:
                         continue  # unwatched meanwhile: pgnb stopped it on purpose
                 status = statuses.get(pid)
-                with contextlib.suppress(Exception):  # a listener's bug must not end the watch
+                try:
                     self._on_death(pid, self._describe(pid, status), status)
+                except Exception:  # a listener's bug (a view draws there) must not end the watch
+                    _log.debug("pgnb: reporting the death of pid %d raised", pid, exc_info=True)
 
     def _statuses(self, pids: list[int]) -> dict[int, int | None]:
         """Each dead pid's exit status, waiting up to ``STATUS_WAIT`` in all for launchers to reap them."""
-        deadline = time.monotonic() + STATUS_WAIT
         found: dict[int, int | None] = {}
-        while True:
+
+        def all_known() -> bool:
             for pid in pids:
                 if found.get(pid) is None:
                     status = self._exit_status(pid)
                     found[pid] = zombie_status(pid) if status is None else status
-            if all(s is not None for s in found.values()) or time.monotonic() > deadline:
-                return found
-            time.sleep(0.02)
+            return all(s is not None for s in found.values())
+
+        poll_until(all_known, STATUS_WAIT)
+        return found
