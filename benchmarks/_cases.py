@@ -17,6 +17,8 @@ Cases (see ``CASES``):
 - ``scale``: world 32: init, an all_reduce checked on every rank, shutdown, nothing left.
 - ``live``: live ``%%pg`` in a real Jupyter kernel: print-to-send latency, a print flood vs
   ``%%px --stream``, a trivial cell vs ``%%px``, a compute-only loop watched vs not.
+- ``torch_suite``: benchmarks/dist_suite (torch ``MultiProcessTestCase`` tests) under plain pytest
+  (torch spawns processes per test) and under ``pytest --pgnb-torch`` (``benchmarks/torch_suite.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ if __package__ in (None, ""):  # `python benchmarks/_cases.py`: make `benchmarks
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import baselines
+from benchmarks.torch_suite import torch_suite
 
 #: The all_reduce loop, the same code under torchrun and inside ``%%pg``: ``repeats`` blocks of
 #: ``iters`` timed ops after ``warmup`` unmeasured ones; each block's time is the slowest rank's.
@@ -173,7 +176,7 @@ def _pgnb_processes(sb: Any) -> tuple[list[int], list[int], list[int]]:
 
     A nanny is its engine's child (``local``) or the zygote's child that is not an engine (``fork``).
     """
-    engines = [e.pid for e in sb.rank_infos]
+    engines = [r.pid for r in sb.snapshot().ranks]
     nannies = [c for pid in engines for c in _children(pid)]
     zygotes = []
     cluster = sb.cluster
@@ -226,9 +229,9 @@ _TRACE: list[tuple[float, str, int]] = []
 
 def _trace_phases() -> None:
     """Record when the world enters each phase (what its views are told), to split the init time."""
-    from pgnb.core.sandbox import Sandbox
+    from pgnb.core.world import World
 
-    publish = Sandbox._publish
+    publish = World._publish
 
     def traced(self: Any, **changes: Any) -> None:
         publish(self, **changes)
@@ -236,7 +239,7 @@ def _trace_phases() -> None:
         if not _TRACE or (_TRACE[-1][1], _TRACE[-1][2]) != (snap.phase, snap.engines_up):
             _TRACE.append((time.perf_counter(), snap.phase, snap.engines_up))
 
-    Sandbox._publish = traced
+    World._publish = traced
 
 
 def _phases(t0: float) -> dict[str, float]:
@@ -534,6 +537,7 @@ CASES: dict[str, Callable[..., dict[str, Any]]] = {
     "session": session,
     "scale": scale,
     "live": live,
+    "torch_suite": torch_suite,
 }
 
 

@@ -18,8 +18,8 @@ __version__ = "0.1.0"
 #: public name -> the module that defines it
 _PUBLIC = {
     "Sandbox": "pgnb.core.sandbox",
-    "RankStatus": "pgnb.core.world",
-    "Snapshot": "pgnb.core.world",
+    "RankStatus": "pgnb.core.snapshot",
+    "Snapshot": "pgnb.core.snapshot",
     "WorldSpec": "pgnb.spec",
     "CellResult": "pgnb.core.results",
     "RankValue": "pgnb.core.results",
@@ -46,8 +46,8 @@ __all__ = [*_PUBLIC, "load_ipython_extension"]
 if TYPE_CHECKING:
     from .core.results import CellInterrupted as CellInterrupted, CellResult as CellResult, RankValue as RankValue
     from .core.sandbox import Sandbox as Sandbox
+    from .core.snapshot import RankStatus as RankStatus, Snapshot as Snapshot
     from .core.trace import Trace as Trace
-    from .core.world import RankStatus as RankStatus, Snapshot as Snapshot
     from .errors import (
         BackendUnavailable as BackendUnavailable,
         CellTimeout as CellTimeout,

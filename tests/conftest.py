@@ -59,9 +59,11 @@ GONE_WITHIN = 10.0
 
 def stop_leaving_nothing(sb) -> None:
     """Shut ``sb`` down; every process it started ends within ``GONE_WITHIN`` s and its scratch directory is gone."""
+    from pgnb.core.sandbox import dispatch_of
+
     pids = sb.pids
     # made now if no test made it: shutdown must remove it all the same
-    scratch = sb.scratch_dir if pids else None
+    scratch = dispatch_of(sb).scratch_dir if pids else None
     sb.shutdown()
     assert wait_gone(pids, timeout=GONE_WITHIN) == [], f"left running after shutdown: {alive(pids)}"
     assert scratch is None or not os.path.exists(scratch), f"left behind: {scratch}"

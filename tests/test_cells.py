@@ -22,6 +22,7 @@ import pgnb
 from pgnb import CellInterrupted, RankValue
 from pgnb.core.busy import SETTLE
 from pgnb.core.cells import CellOptions
+from pgnb.core.sandbox import dispatch_of
 from pgnb.core.stacks import trim_stack
 from pgnb.spec import init_command
 
@@ -246,7 +247,7 @@ def test_interrupt_reports_a_rank_blocked_in_a_collective(world):
 
 # ---- pure parts ---------------------------------------------------------------
 def test_stack_files_are_private(world):
-    d = world.scratch_dir
+    d = dispatch_of(world).scratch_dir
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
     files = os.listdir(d)
     assert files and all(stat.S_IMODE(os.stat(os.path.join(d, f)).st_mode) == 0o600 for f in files)
@@ -280,8 +281,9 @@ def test_stack_samples_do_not_crash_a_rank_whose_threads_come_and_go(world):
     time.sleep(0.5)
     wheres: set[str] = set()
     samples = 0
+    ranks = dispatch_of(world)
     while runner.is_alive():
-        stacks = dump_stacks(dict(enumerate(world.rank_infos)), world.scratch_dir, THREAD_CHURN)
+        stacks = dump_stacks(dict(enumerate(ranks.rank_infos)), ranks.scratch_dir, THREAD_CHURN)
         wheres |= {s.blocked_in for s in stacks.values() if s.blocked_in}
         samples += 1
         time.sleep(0.02)

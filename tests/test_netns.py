@@ -22,6 +22,7 @@ import pytest
 from conftest import wait_gone
 
 import pgnb
+from pgnb.core.sandbox import dispatch_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 
@@ -129,7 +130,7 @@ def test_world_across_two_test_hosts(multi_host_cluster):
         assert len(masters) == 1 and masters.pop() in HOSTS.values()
         assert {f[2] for f in facts} == {"eth0"}  # gloo on the route to the controller
         assert [f[4] for f in facts] == [[6.0, 6.0]] * 4
-        addrs = {e.addr for e in sb.rank_infos}
+        addrs = {e.addr for e in dispatch_of(sb).rank_infos}
         assert addrs == set(HOSTS.values())  # the world really spans both test hosts
     finally:
         sb.shutdown()

@@ -17,6 +17,7 @@ from conftest import pg
 from ipywidgets.widgets.widget import _instances
 
 from pgnb.core.profile import Profile, merge
+from pgnb.core.sandbox import dispatch_of
 from pgnb.core.trace import ClockOffset
 from pgnb.notebook.profile import ProfileView
 from pgnb.rank import trace as rank_trace
@@ -122,10 +123,10 @@ def test_a_profiled_cell_on_two_ranks_writes_one_trace_through_magic_and_api(wor
 @pytest.mark.integration
 def test_a_rank_still_running_has_no_profile_and_its_profiler_stops_when_its_cell_ends(world4):
     res = world4.execute("import time\nif rank == 1:\n    time.sleep(2)", ranks=[0, 1], timeout=0.5,
-                         profile=str(world4.scratch_dir) + "/p.json")
+                         profile=str(dispatch_of(world4).scratch_dir) + "/p.json")
     assert res.profile.missing == {1: "still running"} and list(res.profile.summaries) == [0]
     assert "1     -    -            (no profile: still running)" in res.profile.text()
     deadline = time.monotonic() + 10
-    while world4.busy.still_running([1], world4.engine_ids, world4.client) and time.monotonic() < deadline:
+    while dispatch_of(world4).busy.still_running([1], world4.engine_ids, world4.client) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert all(not enabled for _, enabled in world4.execute(CHECK).values)

@@ -35,6 +35,7 @@ from IPython.utils.capture import capture_output
 
 import pgnb
 from pgnb.core.busy import SETTLE
+from pgnb.core.sandbox import dispatch_of
 from pgnb.notebook.current import current, set_current
 from pgnb.notebook.view import StatusView
 from pgnb.procs.ownership import cluster_files
@@ -158,7 +159,7 @@ def test_fault_idle_rank_killed(whole, ip, record_property):
     sb = whole
     view = StatusView(sb)
     try:
-        victim = sb.rank_infos[1].pid
+        victim = dispatch_of(sb).rank_infos[1].pid
         os.kill(victim, signal.SIGKILL)
         latency = wait_until(lambda: "pgnb-is-lost" in view.row_widgets[1]._dom_classes, 2.0)
         assert latency is not None, "rank 1 not shown lost within 2 s"
@@ -191,7 +192,7 @@ def test_fault_rank_killed_mid_all_reduce(whole, ip, record_property):
     recovers.
     """
     sb = whole
-    victim = sb.rank_infos[2].pid
+    victim = dispatch_of(sb).rank_infos[2].pid
     cell = "import time\nt = torch.ones(1)\nif rank == 2:\n    time.sleep(120)\ndist.all_reduce(t)\n"
     killer = threading.Timer(1.5, os.kill, (victim, signal.SIGKILL))
     killer.start()
@@ -238,7 +239,7 @@ def test_fault_cell_ends_its_rank(whole, ip, code, cause):
     options replaces the dead engine.
     """
     sb = whole
-    victim = sb.rank_infos[1].pid
+    victim = dispatch_of(sb).rank_infos[1].pid
     cap, err, took = timed(pg, ip, "", f"if rank == 1:\n    {code}\nprint('alive', rank)")
     assert err is not None and took < 5, (err, took)
     assert str(err).startswith(f"rank 1 lost ({cause}); ")
@@ -723,7 +724,7 @@ def test_input_fuzz_pg_cell_options(world, ip, line):
     pids = sorted(world.pids)
     with capture_output():
         _fuzz_outcome(lambda: ip.run_cell_magic("pg", line, "x_fuzz = rank"))
-    assert sorted(world.pids) == pids and not world.lost_ranks()
+    assert sorted(world.pids) == pids and not dispatch_of(world).lost_ranks()
 
 
 @settings(max_examples=100, deadline=None)
@@ -758,10 +759,10 @@ def test_security_loopback_only(whole, ip, record_property):
     socks = listening(procs)
     record_property("listening_sockets", len(socks))
     assert [s for s in socks if s[2] not in LOOPBACK] == []
-    rank0 = sb.rank_infos[0].pid
+    rank0 = dispatch_of(sb).rank_infos[0].pid
     store_port = int(sb.run(lambda: __import__("os").environ["MASTER_PORT"], ranks=[0])[0])
     assert (rank0, "tcp", "127.0.0.1", store_port) in socks  # the store was looked at, not missed
-    for e in sb.rank_infos:  # each rank listens (gloo, ipyparallel), all on loopback
+    for e in dispatch_of(sb).rank_infos:  # each rank listens (gloo, ipyparallel), all on loopback
         assert any(s[0] == e.pid for s in socks)
 
 
@@ -776,7 +777,7 @@ def test_security_files_private(whole, ip):
     assert len(files) == 4, files  # cluster file, client + engine connection files, pgnb's state file
     assert mode(sec) == 0o700 and {f: mode(f) for f in files} == {f: 0o600 for f in files}
     pg(ip, "", "pass")  # the stack-dump files exist once a cell ran
-    stacks = sb.scratch_dir
+    stacks = dispatch_of(sb).scratch_dir
     assert mode(stacks) == 0o700 and os.listdir(stacks)
     assert {mode(os.path.join(stacks, f)) for f in os.listdir(stacks)} == {0o600}
     sb.init(sb.spec.with_(init_method="file"))  # same engines, a file:// store
@@ -796,7 +797,7 @@ def test_security_shutdown_leaves_nothing(whole, ip):
     sb = whole
     procs = pgnb_processes(sb)
     token, cid = sb.owner_token, sb.cluster_id
-    stacks = sb.scratch_dir
+    stacks = dispatch_of(sb).scratch_dir
     _, err, took = magic(ip, "pg_shutdown")
     assert err is None
     assert wait_gone(procs, timeout=10) == [] and owned_by_token(token) == []

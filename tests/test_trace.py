@@ -20,6 +20,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from pgnb.core import trace_run
+from pgnb.core.sandbox import dispatch_of
 from pgnb.core.trace import ClockOffset, Trace, calls_from_records
 from pgnb.notebook.trace import timeline
 from pgnb.rank import trace as rank_trace
@@ -416,7 +417,7 @@ def test_the_trace_after_a_timeout_says_who_never_called(own_world, own_ip):
     assert "rank 0: all_reduce(float32[4], op=SUM) ×2, all_reduce(float32[4], op=SUM) (did not return)" in texts[0]
     assert "rank/trace.py" not in ANSI.sub("", cap.stderr)  # the stacks show the cell, not pgnb's wrapper
 
-    stack_dir = world.scratch_dir
+    stack_dir = dispatch_of(world).scratch_dir
     assert not [f for f in os.listdir(stack_dir) if f.startswith("trace-")]  # read, then removed
 
 
@@ -426,7 +427,7 @@ def test_kill_a_rank_then_recover(own_world, own_ip):
     with capture_output() as cap:
         ip.run_line_magic("pg_kill", "2")
     assert cap.stdout == "killed rank 2's engine (SIGKILL), as a crash or the out-of-memory killer would\n"
-    assert 2 in world.lost_ranks()
+    assert 2 in dispatch_of(world).lost_ranks()
     cap, err = pg(ip, "", "1")
     assert err is not None and "rank 2 lost" in str(err)
     with pytest.raises(UsageError, match="already lost"):

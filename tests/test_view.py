@@ -13,7 +13,7 @@ from IPython.utils.capture import capture_output
 
 from pgnb._wire import RANK_STATES
 from pgnb.core.report import status_table
-from pgnb.core.world import RankStatus, Snapshot
+from pgnb.core.snapshot import RankStatus, Snapshot
 from pgnb.notebook.view import REPLACED, SHUT_DOWN, STATE_COLOURS, SUPERSEDED, StatusView, WorldReport
 from pgnb.spec import WorldSpec
 

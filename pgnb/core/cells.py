@@ -36,12 +36,12 @@ from ..rank import cell as rank_cell
 from ..spec import init_command
 from .busy import BusyEntry
 from .debug import CallbackPrompter, DebugServer, InputFn, Prompter
+from .dispatch import Dispatch
 from .live import CallbackSink, LiveCell, LiveSink, OutputFn
 from .remote import ENGINE_DIED, ename, is_local, outcome
 from .results import CellInterrupted, CellResult, RankOutput, RankValue
 from .stacks import Stack, dump_stacks
 from .trace import Trace
-from .world import World
 
 #: Seconds interrupted ranks get to stop before pgnb calls them stuck.
 INTERRUPT_GRACE = 2.0
@@ -95,7 +95,7 @@ def cell_name(label: int | None) -> str:
     return f"cell In [{label}]" if label is not None else "an earlier cell"
 
 
-def run_cell(world: World, code: str, options: CellOptions = DEFAULT_OPTIONS,
+def run_cell(world: Dispatch, code: str, options: CellOptions = DEFAULT_OPTIONS,
              hooks: CellHooks = NO_HOOKS, recording: Recorder | None = None) -> CellResult:
     """Run ``code`` on the ranks at once; wait until all finish (or ``options.timeout``); gather in rank order.
 
@@ -169,7 +169,7 @@ def _wait(ars: list[tuple[int, Any]], deadline: float | None) -> None:
             ar.wait(left)  # wakes as soon as the result is in; short slices keep Ctrl-C responsive
 
 
-def _interrupt(world: World, running: list[tuple[int, Any]]) -> None:
+def _interrupt(world: Dispatch, running: list[tuple[int, Any]]) -> None:
     """SIGINT the engines of the running ranks, then give them ``INTERRUPT_GRACE`` to stop."""
     for r, _ in running:
         info = world.rank_infos[r]

@@ -497,7 +497,7 @@ class EnginePool:
         host = self.controller_host()
         self.step = "asking the engines who they are"
         ars = {eid: self.client[eid].apply_async(engine.describe, host) for eid in ids}
-        self._wait_all(list(ars.values()), timeout)
+        self.wait_all(list(ars.values()), timeout)
         infos = []
         for eid, ar in ars.items():
             d = ar.get(timeout=0)
@@ -514,11 +514,11 @@ class EnginePool:
         """Import torch on these engines, all at once."""
         self.step = "importing torch on the engines"
         ars = [self.client[eid].apply_async(engine.warm_up) for eid in ids]
-        self._wait_all(ars, timeout)
+        self.wait_all(ars, timeout)
         for ar in ars:
             ar.get(timeout=0)
 
-    def _wait_all(self, ars: list[Any], timeout: float) -> None:
+    def wait_all(self, ars: list[Any], timeout: float) -> None:
         """Wait for every result (``check`` between looks), at most ``timeout`` seconds; raises TimeoutError."""
         deadline = time.monotonic() + timeout
         for ar in ars:

@@ -26,8 +26,8 @@ from typing import Protocol
 
 from .._wire import DebugArgs
 from ..rank import debug as rank_debug
+from .dispatch import Dispatch
 from .waiting import poll_until
-from .world import World
 
 #: ``Sandbox.execute(on_input=fn)``: ``fn(rank, text)`` gets pdb's output ending in its prompt; the line to type
 InputFn = Callable[[int, str], str | None]
@@ -180,7 +180,7 @@ def _split_prompt(text: str) -> tuple[str, str]:
     return (head + "\n" if head else ""), prompt
 
 
-def post_mortem(world: World, rank: int, prompter: Prompter) -> str:
+def post_mortem(world: Dispatch, rank: int, prompter: Prompter) -> str:
     """``%pg_debug RANK``: pdb on the rank, in the frame where its last failed cell raised.
 
     The rank answers at once, with a line, when it has no such frames.

@@ -18,15 +18,15 @@ import os
 import signal
 
 from ..errors import NotStartedError, RankLost, SpecError
+from .dispatch import Dispatch
 from .remote import is_local
 from .waiting import poll_until
-from .world import World
 
 #: Seconds to wait for pgnb's liveness watcher to notice the killed engine.
 NOTICE_WAIT = 5.0
 
 
-def kill_rank(sb: World, rank: int, wait: float = NOTICE_WAIT) -> str:
+def kill_rank(sb: Dispatch, rank: int, wait: float = NOTICE_WAIT) -> str:
     """SIGKILL the engine of ``rank`` and wait until pgnb has noticed; the one-line account.
 
     Only the engine process pgnb started for that rank is signalled, by pid.

@@ -1,7 +1,7 @@
 """A running cell, live: what each rank has printed so far, its state, and where it waits.
 
 While ``run_cell`` waits for the ranks it calls ``LiveCell.tick`` about every
-``pgnb.core.world.TICK`` seconds. At most ``UPDATES_PER_SECOND`` times a
+``pgnb.core.dispatch.TICK`` seconds. At most ``UPDATES_PER_SECOND`` times a
 second the tick reads what arrived since the last look, from each rank's
 AsyncResult (its stdout, stderr and displays, which the Client's I/O thread
 fills in as the engine's iopub messages come), and hands it with every
@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from .dispatch import Dispatch
 from .remote import ename, outcome
 from .stacks import dump_stacks
-from .world import World
 
 #: At most this many updates reach a sink per second (a print loop cannot flood the browser).
 UPDATES_PER_SECOND = 10
@@ -109,7 +109,7 @@ class _Seen:
 class LiveCell:
     """Reads a running cell's ranks for a ``LiveSink`` (main thread: it uses the Client)."""
 
-    def __init__(self, world: World, ars: list[tuple[int, Any]], sink: LiveSink, code: str = "") -> None:
+    def __init__(self, world: Dispatch, ars: list[tuple[int, Any]], sink: LiveSink, code: str = "") -> None:
         self.world = world
         self.ars = ars
         self.sink = sink

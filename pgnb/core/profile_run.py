@@ -20,16 +20,16 @@ from typing import Any
 
 from .._wire import ProfileSummary
 from ..rank import profile as rank_profile
+from .dispatch import Dispatch
 from .profile import Profile, default_path, merge
 from .trace import ClockOffset
 from .trace_run import measure_offsets
-from .world import World
 
 
 class Profiling:
     """One profiled cell: offsets measured and profilers started (on creation), then ``finish``."""
 
-    def __init__(self, world: World, ranks: Iterable[int] | None = None, path: str | None = None,
+    def __init__(self, world: Dispatch, ranks: Iterable[int] | None = None, path: str | None = None,
                  offsets: dict[int, ClockOffset] | None = None) -> None:
         self.world = world
         self.ranks = list(range(len(world.engine_ids))) if ranks is None else list(ranks)

@@ -6,7 +6,7 @@ report under a magic, ``pgnb demo``'s table.
 
 from __future__ import annotations
 
-from .world import Snapshot
+from .snapshot import Snapshot
 
 
 def header_text(snap: Snapshot) -> str:

@@ -1,27 +1,38 @@
 """``pgnb.Sandbox``: the facade over a world and everything built on it (no IPython).
 
-A ``Sandbox`` is a ``World`` (start, status, run, destroy, shutdown) that also
-runs notebook cells (``execute``, with ``trace=True`` for ``%%pg --trace``) and
-moves values in and out of the ranks' namespaces (``push``, ``pull``).
+A ``Sandbox`` holds a ``World`` (start, status, destroy, shutdown, the views'
+snapshots) and the ``Dispatch`` over it (run), and also runs notebook cells
+(``execute``, with ``trace=True`` for ``%%pg --trace``) and moves values in and
+out of the ranks' namespaces (``push``, ``pull``). Its public names are the
+documented ones; pgnb's own layers reach the dispatch with ``dispatch_of``.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import SpecError
 from ..rank import values
+from ..spec import WorldSpec, keywords_signature
 from .cells import DEFAULT_OPTIONS, NO_HOOKS, CellHooks, CellOptions, run_cell
 from .debug import CallbackPrompter, InputFn, Prompter, post_mortem
+from .dispatch import Dispatch, Dispatcher
 from .live import OutputFn
 from .profile_run import Profiling
 from .results import CellInterrupted, CellResult
+from .snapshot import RankStatus, Snapshot
 from .trace_run import Recording
-from .world import World
+from .world import STATUS_TIMEOUT, World
+
+Listener = Callable[["Sandbox"], None]
+_LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()
 
 
-class Sandbox(World):
+class Sandbox:
     """A torch.distributed world on ipyparallel engines.
 
     >>> with Sandbox(backend="gloo", world=2) as sb:       # doctest: +SKIP
@@ -30,6 +41,125 @@ class Sandbox(World):
 
     The keywords are the options of ``pgnb.spec.WorldSpec`` (the same as ``%pg_init``'s).
     """
+
+    def __init__(self, *, spec: WorldSpec | None = None, **options: Any) -> None:
+        self._world = World(spec=spec, **options)
+        self._dispatch = Dispatcher(self._world)
+        self._relays: dict[Listener, Callable[[World], None]] = {}  # a view is told of this Sandbox, not its World
+        _LIVE.add(self)
+
+    # ---- the world's lifecycle ------------------------------------------------
+    def __enter__(self) -> Sandbox:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def start(self, force: bool = False) -> Sandbox:
+        """Start engines and initialise the world (a no-op if it already is)."""
+        self._world.start(force=force)
+        return self
+
+    def init(self, spec: WorldSpec | None = None, force: bool = False) -> Sandbox:
+        """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines
+        (what ``%pg_init`` does; Ctrl-C raises ``pgnb.errors.Interrupted`` once the state is coherent)."""
+        self._world.init(spec, force=force)
+        return self
+
+    def status(self, timeout: float = STATUS_TIMEOUT) -> list[RankStatus]:
+        """Ask every rank what torch says about it; rank order."""
+        return self._world.status(timeout)
+
+    def destroy(self) -> None:
+        """``destroy_process_group()`` on every rank; engines stay for a fast re-init."""
+        self._world.destroy()
+
+    def shutdown(self) -> None:
+        """Destroy the group, then stop the engines and controller pgnb started."""
+        self._world.shutdown()
+
+    # ---- what the world is now ----------------------------------------------
+    @property
+    def spec(self) -> WorldSpec:
+        """The options of the world (as ``%pg_init`` took them)."""
+        return self._world.spec
+
+    @property
+    def client(self) -> Any:
+        """The ipyparallel ``Client`` (for ``%px`` on the same engines: ``sb.client[sb.engine_ids]``)."""
+        return self._world.client
+
+    @property
+    def engine_ids(self) -> list[int]:
+        """Engine id of each rank, in rank order."""
+        return self._world.engine_ids
+
+    @property
+    def cluster(self) -> Any:
+        """The ``ipyparallel.Cluster`` pgnb started (None when attached to one, or before start)."""
+        hosting = self._world.hosting
+        return hosting.pool.cluster if hosting is not None else None
+
+    @property
+    def cluster_id(self) -> str | None:
+        cluster = self.cluster
+        return None if cluster is None else str(cluster.cluster_id)
+
+    @property
+    def owner_token(self) -> str | None:
+        """The ``PGNB_OWNER`` token every process this world launched carries (None: attached)."""
+        hosting = self._world.hosting
+        return hosting.reaper.token if hosting is not None and hosting.reaper is not None else None
+
+    @property
+    def reaper_pid(self) -> int | None:
+        hosting = self._world.hosting
+        return hosting.reaper.pid if hosting is not None and hosting.reaper is not None else None
+
+    @property
+    def store_dir(self) -> str | None:
+        """The directory of pgnb's own ``file://`` store, while one exists."""
+        hosting = self._world.hosting
+        return hosting.store_dir if hosting is not None else None
+
+    @property
+    def pids(self) -> list[int]:
+        """Every live process pgnb started for this world (engines, nannies, zygotes, controller, reaper)."""
+        hosting = self._world.hosting
+        return sorted(hosting.pids()) if hosting is not None else []
+
+    @property
+    def generation(self) -> int:
+        """Which world this is: 0 before the first init, one more at every init that is not a no-op."""
+        return self._world.generation
+
+    @property
+    def is_initialized(self) -> bool:
+        return self._world.is_initialized
+
+    # ---- the views ------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        return self._world.snapshot()
+
+    def add_listener(self, fn: Listener) -> None:
+        """``fn(sandbox)`` at every change of the world (from any thread: the liveness watcher's too)."""
+        relay = self._relays.setdefault(fn, lambda _world: fn(self))
+        self._world.add_listener(relay)
+
+    def remove_listener(self, fn: Listener) -> None:
+        relay = self._relays.pop(fn, None)
+        if relay is not None:
+            self._world.remove_listener(relay)
+
+    # ---- running code -----------------------------------------------------------
+    def run(self, fn: Callable[..., Any], *args: Any, ranks: Iterable[int] | None = None,
+            timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        """``fn(*args, **kwargs)`` on every rank at once; results in rank order.
+
+        Raises ``RankError`` naming the ranks that failed, ``RankLost`` if a rank's
+        engine died, ``CellTimeout`` for ranks still running at ``timeout`` seconds.
+        """
+        return self._dispatch.run(fn, *args, ranks=ranks, timeout=timeout, **kwargs)
 
     def execute(self, code: str, ranks: Iterable[int] | None = None, timeout: float | None = None, *,
                 trace: bool = False, profile: bool | str = False, pdb: bool = False,
@@ -65,15 +195,16 @@ class Sandbox(World):
         chosen = options.ranks
         recording = None
         if options.trace or options.profile:
-            self.engines_for(chosen)  # refuse before measuring clocks on a busy or lost rank
+            self._dispatch.engines_for(chosen)  # refuse before measuring clocks on a busy or lost rank
         if options.trace:
-            recording = Recording(self, chosen)
+            recording = Recording(self._dispatch, chosen)
         profiling = None
         if options.profile:
-            profiling = Profiling(self, chosen, path=options.profile if isinstance(options.profile, str) else None,
+            path = options.profile if isinstance(options.profile, str) else None
+            profiling = Profiling(self._dispatch, chosen, path=path,
                                   offsets=None if recording is None else recording.offsets)
         try:
-            result = run_cell(self, code, options, hooks, recording)
+            result = run_cell(self._dispatch, code, options, hooks, recording)
         except CellInterrupted as e:
             if profiling is not None:
                 e.result.profile = profiling.finish(*_unfinished(e.result))
@@ -93,7 +224,7 @@ class Sandbox(World):
             prompter = CallbackPrompter(on_input)
         if prompter is None:
             raise SpecError("Sandbox.debug needs on_input= (or a prompter) to answer pdb's prompts")
-        return post_mortem(self, rank, prompter)
+        return post_mortem(self._dispatch, rank, prompter)
 
     def push(self, values_: dict[str, Any] | None = None, /, *, ranks: Iterable[int] | None = None,
              timeout: float | None = None, **named: Any) -> None:
@@ -112,6 +243,22 @@ class Sandbox(World):
         if not (isinstance(name, str) and name.isidentifier()):
             raise SpecError(f"cannot pull {name!r}: give the plain name of a variable on the ranks")
         return self.run(values.pull_value, name, ranks=None if ranks is None else list(ranks), timeout=timeout)
+
+
+setattr(Sandbox.__init__, "__signature__", keywords_signature(Sandbox.__init__))  # noqa: B010 - help() shows the options
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    """At the interpreter's exit (a kernel shut down) every Sandbox still running is shut down."""
+    for sb in list(_LIVE):
+        with contextlib.suppress(Exception):
+            sb.shutdown()
+
+
+def dispatch_of(sb: Sandbox) -> Dispatch:
+    """The dispatch under ``sb`` (``pgnb.core.dispatch``), for pgnb's own layers: not public API."""
+    return sb._dispatch
 
 
 def _unfinished(result: CellResult) -> tuple[list[int], list[int]]:

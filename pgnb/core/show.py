@@ -23,8 +23,8 @@ from typing import Any
 from .._wire import ParamSummary, ValueSummary
 from ..errors import SpecError
 from ..rank.values import MAX_ELEMENTS, fetch, summarize
+from .dispatch import Dispatch
 from .text import ranks_text
-from .world import World
 
 __all__ = ["MAX_ELEMENTS", "RankValues", "gather", "summarize"]
 
@@ -339,7 +339,7 @@ def _index(i: int, shape: tuple[int, ...]) -> str:
 
 
 def gather(what: str | Sequence[Any], ranks: Iterable[int] | None = None,
-           world: World | None = None) -> RankValues:
+           world: Dispatch | None = None) -> RankValues:
     """The per-rank view of ``what``: a variable name on ``world``'s ranks, or a list of values indexed by rank."""
     if isinstance(what, str):
         if not what.isidentifier():

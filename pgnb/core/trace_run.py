@@ -27,8 +27,8 @@ from typing import Any
 
 from .._wire import TraceArgs, TraceRecord
 from ..rank import trace as rank_trace
+from .dispatch import Dispatch
 from .trace import Call, ClockOffset, Trace, calls_from_records
-from .world import World
 
 #: Round trips per rank when measuring its clock offset (the shortest one is used).
 OFFSET_SAMPLES = 5
@@ -38,7 +38,7 @@ OFFSET_TIMEOUT = 5.0
 FETCH_TIMEOUT = 5.0
 
 
-def measure_offsets(world: World, ranks: Iterable[int] | None = None,
+def measure_offsets(world: Dispatch, ranks: Iterable[int] | None = None,
                     samples: int = OFFSET_SAMPLES) -> dict[int, ClockOffset]:
     """Each rank's clock offset from the kernel's, measured over ``samples`` apply round trips.
 
@@ -83,7 +83,7 @@ def _stamp(ar: Any, key: str, fallback: float) -> float:
 class Recording:
     """One traced cell: the offsets measured before it, the file names, and reading them back."""
 
-    def __init__(self, world: World, ranks: Iterable[int] | None = None, trace_dir: str | None = None) -> None:
+    def __init__(self, world: Dispatch, ranks: Iterable[int] | None = None, trace_dir: str | None = None) -> None:
         """``ranks`` default to all; ``trace_dir`` to the world's own directory (None: as on another host)."""
         self.world = world
         self.ranks = list(range(len(world.engine_ids))) if ranks is None else list(ranks)

@@ -7,7 +7,6 @@ when that world is shut down (from a magic, a view's button or the API).
 from __future__ import annotations
 
 from ..core.sandbox import Sandbox
-from ..core.world import World
 
 _current: Sandbox | None = None
 
@@ -26,8 +25,8 @@ def set_current(sandbox: Sandbox | None) -> None:
         sandbox.add_listener(_forget_when_shut_down)
 
 
-def _forget_when_shut_down(world: World) -> None:
+def _forget_when_shut_down(sandbox: Sandbox) -> None:
     global _current
-    if world is _current and world.snapshot().phase == "shut down":
-        world.remove_listener(_forget_when_shut_down)
+    if sandbox is _current and sandbox.snapshot().phase == "shut down":
+        sandbox.remove_listener(_forget_when_shut_down)
         _current = None

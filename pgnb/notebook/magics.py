@@ -25,7 +25,7 @@ from IPython.display import display
 from ..core.cells import NO_INPUT, CellHooks, CellOptions
 from ..core.failures import kill_rank
 from ..core.results import CellInterrupted, CellResult
-from ..core.sandbox import Sandbox
+from ..core.sandbox import Sandbox, dispatch_of
 from ..core.show import gather
 from ..core.terminal import TerminalSink
 from ..errors import NOT_STARTED
@@ -199,7 +199,7 @@ class PgMagics(Magics):
         sb = self._world()
         try:
             ranks = parse_ranks(args.ranks, sb.spec.world)
-            values = gather(args.name, ranks=ranks, world=sb)
+            values = gather(args.name, ranks=ranks, world=dispatch_of(sb))
         except ValueError as e:  # bad --ranks, a name that is no name (a busy or lost rank: guarded says it)
             raise UsageError(str(e)) from None
         display(ShowView(values))
@@ -243,7 +243,7 @@ class PgMagics(Magics):
         sb = self._world()
         if not (args.rank.isascii() and args.rank.isdigit()):
             raise UsageError(f"%pg_kill takes one rank number, e.g. %pg_kill 1, not {args.rank!r}")
-        print(kill_rank(sb, int(args.rank)))
+        print(kill_rank(dispatch_of(sb), int(args.rank)))
 
     # ---- %pg_status / %pg_destroy / %pg_shutdown ----------------------------
     @line_magic
@@ -314,7 +314,7 @@ def _run_in_notebook(shell: Any, sb: Sandbox, cell: str, options: CellOptions, p
     try:
         if push:
             sb.push(push, ranks=ranks)
-        sb.engines_for(ranks)  # refuse a busy or lost rank before showing anything
+        dispatch_of(sb).engines_for(ranks)  # refuse a busy or lost rank before showing anything
         if getattr(shell, "kernel", None) is not None:  # a notebook: a live view the frontend updates
             view = sink = LiveView(list(range(sb.spec.world)) if ranks is None else ranks)
             display(view)

@@ -15,8 +15,8 @@ from typing import Any
 
 from IPython.display import display
 
+from ..core.sandbox import Sandbox, dispatch_of
 from ..core.show import RankValues, gather, number_text
-from ..core.world import World
 from ..errors import NotStartedError
 from .current import current
 
@@ -38,13 +38,13 @@ class ShowView:
         return {"text/plain": self.values.text(), "text/html": to_html(self.values)}
 
 
-def show(what: str | Sequence[Any], ranks: Iterable[int] | None = None, sandbox: World | None = None) -> None:
+def show(what: str | Sequence[Any], ranks: Iterable[int] | None = None, sandbox: Sandbox | None = None) -> None:
     """Display ``what`` across ranks: a variable name on the ranks (``pgnb.show("t")``),
     or per-rank values you already have (``pgnb.show(_pg)``)."""
     world = sandbox or current()
     if isinstance(what, str) and world is None:
         raise NotStartedError()
-    display(ShowView(gather(what, ranks=ranks, world=world)))
+    display(ShowView(gather(what, ranks=ranks, world=None if world is None else dispatch_of(world))))
 
 
 def to_html(v: RankValues) -> str:

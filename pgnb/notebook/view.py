@@ -24,7 +24,7 @@ import ipywidgets as W
 
 from .._wire import RankState
 from ..core.report import status_table, summary_text
-from ..core.world import RankStatus, Snapshot
+from ..core.snapshot import RankStatus, Snapshot
 from ..spec import WorldSpec
 
 
