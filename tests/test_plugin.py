@@ -122,13 +122,6 @@ MAIN = textwrap.dedent('''
     def test_after_the_hang(rank):
         dist.all_reduce(torch.ones(1))
 
-
-    @pytest.mark.world(4)
-    def test_rank_2_raises(rank):
-        if rank == 2:
-            print("rank 2 about to fail")
-            raise ValueError("rank 2 is broken")
-        dist.all_reduce(torch.ones(1))
 ''').replace("TRIVIAL", str(TRIVIAL))
 
 BAD = textwrap.dedent('''
@@ -163,6 +156,20 @@ BAD = textwrap.dedent('''
         pass
 ''')
 
+MARKED_FIXTURE = textwrap.dedent('''
+    import pytest
+
+
+    @pytest.fixture
+    @pytest.mark.world(2)
+    def fx():
+        return 1
+
+
+    def test_x(fx):
+        pass
+''')
+
 CONFTEST = textwrap.dedent('''
     import sys, types
     sys.modules["only_in_the_pytest_process"] = types.ModuleType("only_in_the_pytest_process")
@@ -183,13 +190,34 @@ def _failure(junit: str, name: str) -> str:
     return "" if failure is None else (failure.text or "")
 
 
+def _docs_examples() -> tuple[dict[str, str], str]:
+    """The ``# test_*.py`` blocks of docs/testing_distributed_code.md by file name, and its ``text`` block."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "testing_distributed_code.md").read_text()
+    files = {}
+    for block in re.findall(r"```python\n(.*?)```", page, re.S):
+        first = block.split("\n", 1)[0]
+        if re.fullmatch(r"# test_\w+\.py", first):
+            files[first[2:-3]] = block
+    shown = re.search(r"```text\n(.*?)```", page, re.S)
+    assert shown is not None
+    return files, shown.group(1)
+
+
 def test_world_tests_in_one_session(pytester: pytest.Pytester) -> None:
+    """Most cases in one inner session, so its worlds start once; the docs page's examples run in it as
+    written. Files run in the order given: those that replace a world come last."""
     pytester.makepyfile(test_main=MAIN)
     pytester.makepyfile(test_bad=BAD)
+    pytester.makepyfile(test_marked_fixture=MARKED_FIXTURE)
     pytester.makeconftest(CONFTEST)
+    docs, shown = _docs_examples()
+    assert {"test_collectives", "test_fixtures", "test_driver", "test_failing"} <= set(docs)
+    pytester.makepyfile(**docs)
+    order = [f"{name}.py" for name in docs if name != "test_failing"] + [
+        "test_bad.py", "test_marked_fixture.py", "test_main.py", "test_failing.py"]
     junit = str(pytester.path / "junit.xml")
     t0 = time.monotonic()
-    result = _run(pytester, "-rA", f"--junitxml={junit}")
+    result = _run(pytester, "-rA", f"--junitxml={junit}", "--continue-on-collection-errors", *order)
     wall = time.monotonic() - t0
     out = result.stdout.str()
     outcomes = result.parseoutcomes()
@@ -203,9 +231,16 @@ def test_world_tests_in_one_session(pytester: pytest.Pytester) -> None:
     assert {"test_all_reduce_2", "test_all_reduce_4", "test_values[1]", "test_values[3]", "test_seeded",
             "test_leaks_a_group", "test_sets_an_env_var", "test_after_the_leaks", "test_drives_the_world",
             "test_after_the_hang"} <= passed, out
-    # failed: the one-rank skip, the hang, rank 2, the test the ranks cannot import; errors at setup: world 0,
-    # the unknown backend, the marker on a unittest class
-    assert (outcomes.get("failed"), outcomes.get("errors"), outcomes.get("skipped")) == (4, 3, 2), out
+    # failed: the one-rank skip, the hang, the test the ranks cannot import, the docs' example where rank 2
+    # raises; errors: world 0, the unknown backend, the marker on a unittest class, the marker on a fixture
+    assert (outcomes.get("failed"), outcomes.get("errors"), outcomes.get("skipped")) == (4, 4, 2), out
+    # the docs page's examples: all pass but the failing one, whose report reads as the page shows it
+    assert {"test_all_reduce", "test_broadcast[1]", "test_broadcast[8]", "test_shared_directory",
+            "test_from_the_driver"} <= {m.group(1) for m in re.finditer(r"^PASSED test_\w+.py::(\S+)", out, re.M)}
+    report = _failure(junit, "test_rank_2_raises")
+    for line in shown.splitlines():
+        if line.strip() != "...":
+            assert line in report.splitlines(), (line, report)
     # leaks: named, undone, never a later test's failure
     assert re.search(r"test_leaks_a_group ranks 0, 1: left 1 process group\(s\) it created.*destroyed them", out)
     assert re.search(r"test_sets_an_env_var ranks 0, 1: changed environment variable\(s\) PGNB_LEAKED", out)
@@ -218,7 +253,7 @@ def test_world_tests_in_one_session(pytester: pytest.Pytester) -> None:
     assert "the test ran past its 2 s timeout on rank 0" in hang, hang
     assert "dist.recv(torch.zeros(1), src=1)" in hang and "rank 1 is done" in hang, hang
     assert times["test_hangs"] <= 2 + 3, times
-    # rank 2 first, the others as consequences, each with its own section (in the junit XML too)
+    # (the docs' example) rank 2 first, the others as consequences, each with its own section, in the junit XML
     raised = _failure(junit, "test_rank_2_raises")
     assert raised.startswith("rank 2 failed first: ValueError: rank 2 is broken; ranks 0, 1, 3 failed only "
                              "because of it"), raised
@@ -232,51 +267,12 @@ def test_world_tests_in_one_session(pytester: pytest.Pytester) -> None:
     assert re.search(r"@pytest.mark.world\(2, backend='bogus'\): unknown backend 'bogus'", out), out
     assert re.search(r"SKIPPED \[1\] test_bad.py:\d+: backend 'nccl' (is not available|needs)", out), out
     assert "@pytest.mark.world cannot apply to 'test_method'" in out, out
+    assert "ERROR test_marked_fixture.py - Failed: Marks cannot be applied to fixtures." in out, out  # pytest's
     assert _failure(junit, "test_not_importable_on_the_ranks").startswith(
         "the test cannot be imported on the ranks: ModuleNotFoundError: No module named "
         "'only_in_the_pytest_process'\n"), out
     # passing tests print nothing (their ranks printed nothing)
     assert "Captured rank" not in out
-
-
-def test_the_docs_examples_run_as_written(pytester: pytest.Pytester) -> None:
-    """Every ``# test_*.py`` block of docs/testing_distributed_code.md, run as a file; the failing one's
-    report reads as the page shows it."""
-    page = (Path(__file__).resolve().parent.parent / "docs" / "testing_distributed_code.md").read_text()
-    files = {}
-    for block in re.findall(r"```python\n(.*?)```", page, re.S):
-        first = block.split("\n", 1)[0]
-        if re.fullmatch(r"# test_\w+\.py", first):
-            files[first[2:-3]] = block
-    assert {"test_collectives", "test_fixtures", "test_driver", "test_failing"} <= set(files)
-    pytester.makepyfile(**files)
-    junit = str(pytester.path / "junit.xml")
-    result = _run(pytester, f"--junitxml={junit}")
-    outcomes = result.parseoutcomes()
-    assert (outcomes.get("passed"), outcomes.get("failed")) == (5, 1), result.stdout.str()
-    report = _failure(junit, "test_rank_2_raises")
-    shown = re.search(r"```text\n(.*?)```", page, re.S)
-    assert shown is not None
-    for line in shown.group(1).splitlines():
-        if line.strip() != "...":
-            assert line in report.splitlines(), (line, report)
-
-
-def test_marker_on_a_fixture_is_one_line(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(textwrap.dedent('''
-        import pytest
-
-        @pytest.fixture
-        @pytest.mark.world(2)
-        def fx():
-            return 1
-
-        def test_x(fx):
-            pass
-    '''))
-    result = _run(pytester, timeout=60)
-    result.stdout.fnmatch_lines(["*Marks cannot be applied to fixtures*"])
-    assert "Traceback" not in result.stdout.str().split("short test summary")[-1]
 
 
 def test_pdb_on_a_rank_from_the_terminal(pytester: pytest.Pytester) -> None:
@@ -319,13 +315,12 @@ def test_xdist_workers_have_their_own_worlds(pytester: pytest.Pytester) -> None:
         import torch
         import torch.distributed as dist
 
-        @pytest.mark.world(2)
+        @pytest.mark.world(1)  # one rank each: two worlds at once, each worker's own (controllers, ports, files)
         @pytest.mark.parametrize("i", range(4))
-        def test_all_reduce(i, rank, tmp_path):
+        def test_all_reduce(i, rank):
             t = torch.ones(1)
             dist.all_reduce(t)
-            assert t.item() == 2
-            (tmp_path / f"{rank}").write_text(os.environ.get("PYTEST_XDIST_WORKER", "?"))
+            assert t.item() == 1
     '''))
     result = _run(pytester, "-n", "2", timeout=240)
     result.assert_outcomes(passed=4)
