@@ -279,7 +279,7 @@ def test_a_p2pop_made_while_tracing_still_works_afterwards(world):
 def test_a_rank_without_the_trace_directory_keeps_its_records_for_the_kernel(world):
     from pgnb.rank import cell
 
-    rec = trace_run.Recording(world, [0, 1, 2, 3], "/nonexistent/pgnb-trace-dir")  # as on another host
+    rec = trace_run.Recording(dispatch_of(world), [0, 1, 2, 3], "/nonexistent/pgnb-trace-dir")  # as on another host
     world.run(cell.run_cell, "dist.all_reduce(torch.ones(3))", None, None, rec.engine_args(0))
     tr = rec.collect([])
     assert tr.ok and [c.label() for c in tr.calls[3]] == ["all_reduce(float32[3], op=SUM)"]
@@ -290,7 +290,7 @@ def test_clock_offsets_are_measured_and_corrected(world):
     world.run(rank_trace.set_clock_skew, 5.0, ranks=[1])
     world.run(rank_trace.set_clock_skew, -3.0, ranks=[2])
     try:
-        offsets = trace_run.measure_offsets(world)
+        offsets = trace_run.measure_offsets(dispatch_of(world))
         assert offsets[1].offset == pytest.approx(5.0, abs=0.05)
         assert offsets[2].offset == pytest.approx(-3.0, abs=0.05)
         assert abs(offsets[0].offset) < 0.05 and offsets[0].uncertainty < 0.05
