@@ -18,6 +18,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from conftest import wait_gone
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.integration
@@ -354,14 +355,11 @@ def test_kill_9_of_pytest_leaves_nothing(pytester: pytest.Pytester, tmp_path) ->
             time.sleep(0.1)
         assert time.monotonic() < deadline, "the test never started on both ranks"
         ours = _processes_of(ipythondir) - {proc.pid}
-        assert ours, "found none of the world's processes"
+        assert len(ours) >= 5, ours  # controller (and its schedulers), zygote, 2 engines, their nannies, reaper
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    deadline = time.monotonic() + 10
-    while _alive(ours) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = _alive(ours)
+    left = wait_gone(ours, timeout=10)
     assert not left, [(p, psutil.Process(p).cmdline()[:3]) for p in left]
 
 
@@ -375,18 +373,5 @@ def _processes_of(ipythondir) -> set[int]:
             if p.environ().get("IPYTHONDIR") == str(ipythondir):
                 out.add(p.pid)
         except (psutil.Error, OSError):
-            pass
-    return out
-
-
-def _alive(pids: set[int]) -> list[int]:
-    import psutil
-
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
             pass
     return out
