@@ -259,8 +259,10 @@ class WarmRun:
         pool, sb = world_pool(self.item.config), self.world
         ranks = {p.pid: r for r, p in enumerate(self.processes)}  # the engines' pids: each knows its rank
         blob = pickle.dumps(self.run, protocol=pickle.HIGHEST_PROTOCOL)
-        code = (f"__import__('pgnb.rank.torch_suites', fromlist=['run_torch_test']).run_torch_test("
-                f"__import__('pickle').loads({blob!r}), {ranks!r})")
+        # two lines: a stack at the timeout shows the call's line, not the blob's
+        code = (f"_pgnb_torch_test = __import__('pickle').loads({blob!r})\n"
+                f"__import__('pgnb.rank.torch_suites', fromlist=['run_torch_test']).run_torch_test("
+                f"_pgnb_torch_test, {ranks!r})")
         t0 = time.monotonic()
         try:
             result = sb.execute(code, ranks=range(len(self.processes)), timeout=timeout)
