@@ -120,6 +120,13 @@ MAIN = textwrap.dedent('''
 
 
     @pytest.mark.world(2)
+    @pytest.mark.timeout(3)  # pytest-timeout's: pgnb's own deadline comes first, with its report
+    def test_hangs_under_pytest_timeout(rank):
+        if rank == 1:
+            dist.recv(torch.zeros(1), src=0)
+
+
+    @pytest.mark.world(2)
     def test_after_the_hang(rank):
         dist.all_reduce(torch.ones(1))
 
@@ -232,9 +239,9 @@ def test_world_tests_in_one_session(pytester: pytest.Pytester) -> None:
     assert {"test_all_reduce_2", "test_all_reduce_4", "test_values[1]", "test_values[3]", "test_seeded",
             "test_leaks_a_group", "test_sets_an_env_var", "test_after_the_leaks", "test_drives_the_world",
             "test_after_the_hang"} <= passed, out
-    # failed: the one-rank skip, the hang, the test the ranks cannot import, the docs' example where rank 2
+    # failed: the one-rank skip, the two hangs, the test the ranks cannot import, the docs' example where rank 2
     # raises; errors: world 0, the unknown backend, the marker on a unittest class, the marker on a fixture
-    assert (outcomes.get("failed"), outcomes.get("errors"), outcomes.get("skipped")) == (4, 4, 2), out
+    assert (outcomes.get("failed"), outcomes.get("errors"), outcomes.get("skipped")) == (5, 4, 2), out
     # the docs page's examples: all pass but the failing one, whose report reads as the page shows it
     assert {"test_all_reduce", "test_broadcast[1]", "test_broadcast[8]", "test_shared_directory",
             "test_from_the_driver"} <= {m.group(1) for m in re.finditer(r"^PASSED test_\w+.py::(\S+)", out, re.M)}
@@ -254,6 +261,8 @@ def test_world_tests_in_one_session(pytester: pytest.Pytester) -> None:
     assert "the test ran past its 2 s timeout on rank 0" in hang, hang
     assert "dist.recv(torch.zeros(1), src=1)" in hang and "rank 1 is done" in hang, hang
     assert times["test_hangs"] <= 2 + 3, times
+    under = _failure(junit, "test_hangs_under_pytest_timeout")
+    assert under.startswith("the test ran past its 3 s timeout on rank 1"), under
     # (the docs' example) rank 2 first, the others as consequences, each with its own section, in the junit XML
     raised = _failure(junit, "test_rank_2_raises")
     assert raised.startswith("rank 2 failed first: ValueError: rank 2 is broken; ranks 0, 1, 3 failed only "

@@ -50,6 +50,7 @@ TEST_OPTIONS = ("timeout",)
 _POOL = pytest.StashKey["WorldPool"]()
 _SPEC = pytest.StashKey["WorldSpec | str"]()  # the world a test runs on, or the one line why it cannot
 _COUNT = pytest.StashKey[int]()
+_START_ERROR = pytest.StashKey[str]()  # the test's world did not start
 #: ``pytest --pgnb-torch``: torch's MultiProcessTestCase suites on warm ranks (its hooks, registered with this plugin)
 pytest_plugins = ["pgnb.testing.torch_suites"]
 
@@ -143,6 +144,31 @@ def world_spec(marker: pytest.Mark) -> WorldSpec:
 
 def _marker_args(marker: pytest.Mark) -> str:
     return "(" + ", ".join([*map(repr, marker.args), *(f"{k}={v!r}" for k, v in marker.kwargs.items())]) + ")"
+
+
+@pytest.hookimpl(tryfirst=True, wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    """Start the test's world before the test's own time begins (pytest-timeout's timer, its durations)."""
+    spec = item.stash.get(_SPEC, None)
+    if spec is not None and not isinstance(spec, str) and not _skipped(item):
+        from ..errors import PgnbError
+
+        try:
+            world_pool(item.config).get(spec)
+        except PgnbError as e:  # said at the test, in its call
+            item.stash[_START_ERROR] = str(e)
+    return (yield)
+
+
+def _skipped(item: pytest.Item) -> bool:
+    try:
+        from _pytest.skipping import evaluate_skip_marks
+    except ImportError:  # a pytest without it: start the world; the skip still holds
+        return False
+    try:
+        return evaluate_skip_marks(item) is not None
+    except Exception:  # a skipif that cannot be evaluated is pytest's to report, in setup
+        return True
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -242,7 +268,10 @@ def run_on_ranks(item: pytest.Function, spec: WorldSpec) -> None:
     call = _call(item, rank_timeout)
     blob = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
     code = f"__import__('pgnb.rank.testing', fromlist=['run_test']).run_test(__import__('pickle').loads({blob!r}))"
+    started = item.stash.get(_START_ERROR, None)
     try:
+        if started is not None:
+            raise WorldTestFailed(f"the world for this test did not start: {started}")
         sb = pool.get(spec)
     except PgnbError as e:
         pool.recycle(spec)
@@ -373,7 +402,7 @@ def _timeouts(item: pytest.Item) -> tuple[float, float]:
             value = None
     if value not in (None, "", 0, "0"):
         t = float(value)
-        return t, max(t * 0.8, t - 2.0)
+        return t, max(t * 0.5, t - 2.0)
     return DEFAULT_TIMEOUT, DEFAULT_TIMEOUT
 
 

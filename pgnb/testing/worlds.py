@@ -41,6 +41,9 @@ class WorldPool:
 
     def __init__(self) -> None:
         self._worlds: dict[WorldKey, Sandbox] = {}
+        #: recycled worlds not yet shut down: the next ``get`` (or ``close``) stops them, so that a failed
+        #: test's own time is not spent on its world's shutdown
+        self._retired: list[Sandbox] = []
         self.starts = 0  # how many worlds this pool started (a test's report says when it paid for one)
 
     @staticmethod
@@ -55,6 +58,7 @@ class WorldPool:
         a world that failed to start is not kept.
         """
         key = options if isinstance(options, WorldSpec) else self.key(options)
+        self._stop_retired()
         sb = self._worlds.get(key)
         if sb is not None:
             if not sb.is_initialized:  # torch's suites destroy its group (pgnb.testing.torch_suites): ~70 ms
@@ -80,12 +84,16 @@ class WorldPool:
         if isinstance(key, Sandbox):
             key = next((k for k, v in self._worlds.items() if v is key), key.spec)
         sb = self._worlds.pop(key, None)
-        if sb is None:
-            return
-        try:
-            sb.shutdown()
-        except Exception as e:  # it is going anyway; its processes are the reaper's if shutdown failed
-            _log.debug("recycling a world: %s", e)
+        if sb is not None:
+            self._retired.append(sb)
+
+    def _stop_retired(self) -> None:
+        while self._retired:
+            sb = self._retired.pop()
+            try:
+                sb.shutdown()
+            except Exception as e:  # it is going anyway; its processes are the reaper's if shutdown failed
+                _log.debug("stopping a recycled world: %s", e)
 
     def refresh(self, key: WorldKey) -> None:
         """A fresh default process group on the same engines (~0.1 s): after a test that failed but left
@@ -108,3 +116,4 @@ class WorldPool:
         """Shut every world down (idempotent)."""
         for key in list(self._worlds):
             self.recycle(key)
+        self._stop_retired()
