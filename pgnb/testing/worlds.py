@@ -4,8 +4,8 @@ A test asks the pool for a world by its options (the ``pgnb.Sandbox`` keywords:
 ``world``, ``backend``, ``init_method``, ``timeout``, ...). The first ask starts
 it; later asks with the same options get the same warm world, across tests,
 modules and classes. A test that failed, hung or left the world unusable
-``recycle``s it: that world is shut down at once and the next ask starts a
-fresh one. A test that failed but left every rank idle only needs a fresh
+``recycle``s it: the next ask starts a fresh one (and shuts the retired one
+down first). A test that failed but left every rank idle only needs a fresh
 process group on the same engines: ``refresh``. ``close`` stops them all (the end of a pytest session).
 
 Nothing here knows pytest; the plugin (``pgnb.testing.plugin``) and the runner
@@ -80,7 +80,8 @@ class WorldPool:
         return key in self._worlds
 
     def recycle(self, key: WorldKey | Sandbox) -> None:
-        """Shut this world down now; the next ``get`` of its configuration starts a fresh one."""
+        """Retire this world: the next ``get`` of its configuration starts a fresh one (the next ``get`` of
+        any, or ``close``, shuts the retired one down first)."""
         if isinstance(key, Sandbox):
             key = next((k for k, v in self._worlds.items() if v is key), key.spec)
         sb = self._worlds.pop(key, None)
