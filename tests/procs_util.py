@@ -22,7 +22,7 @@ import psutil
 from kernel_util import Kernel
 
 from pgnb.core.waiting import poll_until
-from pgnb.procs.processes import ProcessKind, process_running
+from pgnb.procs.processes import ProcessKind, carrying, process_running
 from pgnb.procs.reaper_handle import REAPER_MAIN
 
 MARK = "PGNB_TEST_MARK"
@@ -38,17 +38,11 @@ class MarkedKernel(Kernel):
     # ---- what exists, seen from outside ----------------------------------
     def processes(self) -> list[psutil.Process]:
         """Every live process this kernel started (through pgnb), the kernel itself excluded."""
-        me = self.pid
         found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == me:
-                continue
+        for pid in carrying(MARK, self.mark, exclude=self.pid):
             try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if f"{MARK}={self.mark}".encode() not in f.read().split(b"\0"):
-                        continue
-                p = psutil.Process(int(entry))
-            except (OSError, psutil.Error):
+                p = psutil.Process(pid)
+            except psutil.Error:
                 continue
             if process_running(p.pid):
                 found.append(p)

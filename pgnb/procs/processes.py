@@ -33,8 +33,14 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def owned_by_token(token: str) -> list[int]:
     """Pids of live processes whose environment carries ``PGNB_OWNER=token``."""
-    needle = f"{OWNER_ENV}={token}".encode()
-    me = os.getpid()
+    return carrying(OWNER_ENV, token)
+
+
+def carrying(name: str, value: str, exclude: int | None = None) -> list[int]:
+    """Pids of processes whose environment (as they started) has ``name=value``; ``exclude`` (default:
+    this process) is left out. Zombies may be among them: ask ``process_state``."""
+    needle = f"{name}={value}".encode()
+    me = os.getpid() if exclude is None else exclude
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
