@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from .._wire import TestCall, TestReply
 from . import debug as rank_debug
+from .cell import clean_message
 
 #: How often the waiting main thread looks at the store for another rank's failure (seconds).
 PEER_POLL = 0.05
@@ -256,8 +257,8 @@ def _report_error(reply: TestReply, error: BaseException, at: float, call: TestC
     if kind is not None:
         reply.update({"outcome": kind, "reason": str(getattr(error, "msg", "") or error)})
         return
-    reply.update({"outcome": "failed", "ename": type(error).__name__, "evalue": str(error), "failed_at": at,
-                  "traceback": _format(error, call["rootdir"])})
+    reply.update({"outcome": "failed", "ename": type(error).__name__, "evalue": clean_message(str(error)),
+                  "failed_at": at, "traceback": _format(error, call["rootdir"])})
     _tell_peers(dist, _FAILED_KEY.format(test_id=call["test_id"]), reply["rank"])  # they stop waiting for it
 
 
@@ -288,7 +289,7 @@ def _format(error: BaseException, rootdir: str) -> list[str]:
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
     text = _relative("".join(traceback.format_exception(type(error), error, tb)), rootdir)
-    return text.rstrip("\n").split("\n")
+    return [clean_message(line) for line in text.rstrip("\n").split("\n")]
 
 
 def _thread_stack(thread: threading.Thread, rootdir: str) -> list[str]:

@@ -210,8 +210,8 @@ def _on_rank(name: str) -> str:
 
 def _only_on_ranks(request: pytest.FixtureRequest, name: str) -> str:
     if request.node.get_closest_marker("world") is None:
-        raise pytest.UsageError(f"the {name!r} fixture is for tests marked @pytest.mark.world(n): "
-                                "it is filled in on each rank")
+        pytest.fail(f"the {name!r} fixture is for tests marked @pytest.mark.world(n): it is filled in on each rank",
+                    pytrace=False)
     return _on_rank(name)
 
 
