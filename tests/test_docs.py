@@ -67,3 +67,14 @@ def test_pgmagics_docstring_lists_every_magic():
     names = [f"%{n}" for n in PgMagics.magics["line"]] + [f"%%{n}" for n in PgMagics.magics["cell"]]
     missing = [n for n in names if not re.search(re.escape(n) + r"\b", doc)]
     assert not missing, f"PgMagics' docstring does not name {missing}"
+
+
+def test_sandbox_public_surface_is_what_cells_md_documents():
+    """Every public member of ``pgnb.Sandbox`` has its row in docs/cells.md's table, and no row names a gone one."""
+    import pgnb
+
+    page = (DOCS / "cells.md").read_text().split("## `pgnb.Sandbox`, in full", 1)[1]
+    documented = set(re.findall(r"`sb\.([a-z_]+)", page))
+    public = {n for n in dir(pgnb.Sandbox) if not n.startswith("_")}
+    assert public - documented == set(), f"public on Sandbox, not in docs/cells.md: {sorted(public - documented)}"
+    assert documented - public == set(), f"in docs/cells.md, not on Sandbox: {sorted(documented - public)}"

@@ -213,17 +213,15 @@ class Sandbox:
             result.profile = profiling.finish(*_unfinished(result))
         return result
 
-    def debug(self, rank: int, on_input: Callable[[int, str], str | None] | None = None,
-              prompter: Prompter | None = None) -> str:
+    def debug(self, rank: int, on_input: Callable[[int, str], str | None] | Prompter) -> str:
         """pdb on ``rank`` in the frame where its last failed cell raised (post-mortem).
 
-        The frames are kept on the rank until its next cell. Returns ``""`` when a
-        debugger ran, else one line saying why not (no failed cell to look at).
+        ``on_input(rank, text)`` answers each of pdb's prompts (the line typed, or None to quit);
+        ``%pg_debug`` passes the notebook's ``Prompter`` instead. The frames are kept on the rank
+        until its next cell. Returns ``""`` when a debugger ran, else one line saying why not
+        (no failed cell to look at).
         """
-        if on_input is not None:
-            prompter = CallbackPrompter(on_input)
-        if prompter is None:
-            raise SpecError("Sandbox.debug needs on_input= (or a prompter) to answer pdb's prompts")
+        prompter = CallbackPrompter(on_input) if callable(on_input) else on_input
         return post_mortem(self._dispatch, rank, prompter)
 
     def push(self, values_: dict[str, Any] | None = None, /, *, ranks: Iterable[int] | None = None,

@@ -227,7 +227,7 @@ class PgMagics(Magics):
         if prompter is None:  # as a skipped breakpoint: say so, and the notebook goes on
             print(f"%pg_debug {rank} skipped: {no_input}")
             return
-        note = sb.debug(rank, prompter=prompter)
+        note = sb.debug(rank, prompter)
         if note:
             raise UsageError(note)
 
