@@ -25,6 +25,9 @@ from jupyter_client.manager import KernelManager
 from kernel_util import Execution, Kernel
 from packaging.requirements import Requirement
 
+#: they need the user-install venv (made after make test's first stage) and run its python
+pytestmark = pytest.mark.integration
+
 USER_PYTHON_VAR = "PGNB_USER_PYTHON"
 REQUIRE_VAR = "PGNB_REQUIRE_USER_INSTALL"
 #: What drives the checks in the user venv (the Makefile installs these and nothing else).
