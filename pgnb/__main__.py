@@ -1,9 +1,21 @@
-"""``pgnb demo`` / ``python -m pgnb demo``: the terminal face of the same core."""
+"""``pgnb demo`` / ``python -m pgnb demo``: the terminal face of the same core; ``nbval-sanitize``: nbval's file.
+
+``python -m pgnb nbval-sanitize`` writes pgnb's sanitizer into a per-user cache
+directory and prints its path. A path inside pgnb's own checkout (an editable
+install) would be one of the paths pytest derives its rootdir from, so pytest
+would read pgnb's settings (``pyproject.toml``) instead of the user's.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
+
+#: pgnb's own patterns, and the opt-in ones for other libraries' output (package data, both).
+SANITIZER = "nbval_sanitize.cfg"
+THIRD_PARTY = "nbval_sanitize_third_party.cfg"
 
 
 def _all_reduce_rank() -> str:
@@ -30,13 +42,51 @@ def demo(world: int, backend: str) -> int:
     return 0
 
 
+def cache_dir() -> Path:
+    """pgnb's per-user cache directory: ``$XDG_CACHE_HOME/pgnb``, else ``~/.cache/pgnb``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pgnb"
+
+
+def sanitizer_file(third_party: bool = False) -> Path:
+    """The sanitizer nbval should read, written to ``cache_dir()``: pgnb's patterns, and with
+    ``third_party`` the opt-in ones after them (nbval reads one file only).
+
+    Rewritten only when its text changed (another pgnb version wrote it), and atomically, so a
+    replay that reads it meanwhile sees the old file or the new one. When the cache cannot be
+    written, pgnb's packaged file itself (``third_party`` then raises the ``OSError``).
+    """
+    from importlib.resources import files
+
+    package = files("pgnb")
+    text = (package / SANITIZER).read_text()
+    if third_party:
+        text += "\n" + (package / THIRD_PARTY).read_text()
+    path = cache_dir() / (THIRD_PARTY if third_party else SANITIZER)
+    try:
+        if not path.is_file() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            part = path.with_name(f".{path.name}.{os.getpid()}")
+            part.write_text(text)
+            os.replace(part, path)
+    except OSError:
+        if third_party:
+            raise
+        return Path(str(package / SANITIZER))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pgnb", description="torch.distributed worlds on ipyparallel engines")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="start a world, show its status, all_reduce once, shut down")
     d.add_argument("--world", "-n", type=int, default=4)
     d.add_argument("--backend", "-b", default="gloo")
-    sub.add_parser("nbval-sanitize", help="print the path of pgnb's nbval sanitizer file")
+    s = sub.add_parser("nbval-sanitize", help="write pgnb's nbval sanitizer to a per-user cache directory and "
+                       "print its path (pass it as --nbval-sanitize-with=PATH)")
+    s.add_argument("--third-party", action="store_true",
+                   help="also normalise other libraries' output: logging timestamps, torch multiprocessing's "
+                        "process numbers, the notebook kernel's cell file paths (docs/testing_notebooks.md)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .errors import PgnbError
@@ -47,9 +97,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pgnb: {e}", file=sys.stderr)
             return 1
     if args.command == "nbval-sanitize":
-        from importlib.resources import files
-
-        print(files("pgnb") / "nbval_sanitize.cfg")
+        try:
+            print(sanitizer_file(args.third_party))
+        except OSError as e:
+            print(f"pgnb: cannot write the sanitizer to {cache_dir()}: {e}", file=sys.stderr)
+            return 1
         return 0
     return 2
 

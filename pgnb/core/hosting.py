@@ -118,14 +118,15 @@ class Hosting:
             self._store.remove()
             self._store = None
 
-    def destroy_group(self, ranks: list[EngineInfo], health: Health, timeout: float) -> list[str]:
+    def destroy_group(self, ranks: list[EngineInfo], health: Health, timeout: float, clear: bool = False) -> list[str]:
         """``destroy_process_group()`` at once on those of ``ranks`` whose engine is up and not lost;
-        their errors, one line each. The ``file://`` store goes with the group."""
+        their errors, one line each. The ``file://`` store goes with the group. ``clear``: their
+        namespaces are emptied first (``pgnb.rank.engine.destroy``)."""
         client = self.pool.client
         if client is None:
             return []
         alive = set(self.pool.ids())
-        ars = [client[e.engine_id].apply_async(engine.destroy) for e in ranks
+        ars = [client[e.engine_id].apply_async(engine.destroy, clear) for e in ranks
                if e.engine_id in alive and health.lost_cause(e.pid) is None]
         deadline = time.monotonic() + timeout
         errors = []

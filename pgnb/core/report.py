@@ -36,4 +36,6 @@ def status_table(snap: Snapshot) -> str:
         if row[5]:
             line += "  " + row[5]
         lines.append(line.rstrip())
+    if snap.note:
+        lines.append(snap.note)
     return "\n".join(lines)

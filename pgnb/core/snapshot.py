@@ -46,6 +46,8 @@ class Snapshot:
     started_at: float = field(default=0.0, compare=False)
     #: which world of its ``World`` this is: a new one begins at every real (re-)init
     generation: int = 0
+    #: what the init that made this world did that a user must know (``pgnb.core.text.resized_text``), or ""
+    note: str = ""
 
     @property
     def initialized(self) -> int:

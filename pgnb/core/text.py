@@ -6,6 +6,7 @@ recorded errors read alike whichever part of pgnb wrote them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 
@@ -19,10 +20,44 @@ def ranks_text(ranks: Iterable[int]) -> str:
     return "ranks " + ", ".join(map(str, rs))
 
 
-def one_line(ename: str, evalue: str) -> str:
-    """``ename: first line of the message``: how an error reads inside a longer message."""
-    first = next((ln.strip() for ln in evalue.splitlines() if ln.strip()), "")
-    return f"{ename}: {first}" if first else ename
+#: Characters a first sentence may run to, across the message's line breaks, before ``one_line``
+#: keeps only its first line (and says so): a sentence that long introduces a list, not a phrase.
+SENTENCE_LIMIT = 200
+_SENTENCE_END = re.compile(r"[.!?][)\]\"']*(?=\s|$)")
+_ENDS_SENTENCE = re.compile(r"[.!?][)\]\"']*$")
+
+
+def one_line(ename: str, evalue: str, where: str = "") -> str:
+    """``ename: the message's first sentence``: how an error reads inside a longer message.
+
+    A one-line message is kept whole. A longer one keeps its first line when that line ends a
+    sentence, else its first sentence joined across the line breaks (torch wraps long sentences).
+    A first line that ends no sentence within ``SENTENCE_LIMIT`` characters (``... but expected
+    one of:`` and a list) is kept with a note that it is only the first line and, given
+    ``where`` (``"under rank 0 above"``), where the full message is.
+    """
+    lines = [ln.strip() for ln in evalue.splitlines() if ln.strip()]
+    if not lines:
+        return ename
+    return f"{ename}: {first_sentence(lines, where)}"
+
+
+def first_sentence(lines: list[str], where: str = "") -> str:
+    """The first sentence of a message given as its non-empty, stripped lines (see ``one_line``)."""
+    first = lines[0]
+    if len(lines) == 1 or _ENDS_SENTENCE.search(first):
+        return first
+    joined = " ".join(lines)
+    end = _SENTENCE_END.search(joined, len(first))
+    if end is not None and end.end() <= SENTENCE_LIMIT:
+        return joined[:end.end()]
+    return f"{first} (first line; the full message is {where})" if where else f"{first} (first line of the message)"
+
+
+def resized_text(before: int, after: int) -> str:
+    """What a re-init that changes the world's size does to the ranks' namespaces, in one line."""
+    return (f"world size {before} -> {after}: every rank starts with an empty namespace "
+            "(what earlier cells defined on the ranks is gone)")
 
 
 def lost_text(lost: Mapping[int, str]) -> str:

@@ -44,7 +44,7 @@ from .rendezvous import EngineInfo, rank_order
 from .rendezvous_run import Rendezvous
 from .snapshot import RankStatus, Snapshot, fresh_rows
 from .status import ask_ranks
-from .text import ranks_text
+from .text import ranks_text, resized_text
 from .waiting import poll_until
 
 STATUS_TIMEOUT = 5.0
@@ -232,11 +232,16 @@ class World:
         elif self._hosting is not None:
             self._step = Step.DESTROYING_PREVIOUS
             self._forget_lost()
-            if self._snapshot.phase != "destroyed":  # after %pg_destroy there is nothing to destroy
-                self._destroy_ranks(self._hosting, quiet=True)
+            # a world of another size is a new world: no rank keeps what cells defined (docs/cells.md)
+            resized = spec.world != self.spec.world
+            if self._snapshot.phase != "destroyed" or resized:  # after %pg_destroy there is nothing to destroy
+                self._destroy_ranks(self._hosting, quiet=True, clear=resized)
+        before = self.spec.world if self._hosting is not None else None  # engines kept: the size may change
         self._spec_before = self.spec
         self.spec = spec
         self._init_world()
+        if before is not None and before != spec.world:
+            self._publish(note=resized_text(before, spec.world))
         return self
 
     def _phase(self) -> str:
@@ -342,7 +347,7 @@ class World:
         spec = self.spec
         started = time.monotonic()
         self._set_rows(fresh_rows(self.spec, "starting"), phase="starting engines", message="",
-                       engines_up=0, started_at=started, spec=spec, generation=self._snapshot.generation + 1)
+                       engines_up=0, started_at=started, spec=spec, generation=self._snapshot.generation + 1, note="")
         # a zygote of before that dies now costs only its own engines (the lost-engine check sees those)
         self._zygotes_before = self._health.pids_of("zygote")
         try:
@@ -464,8 +469,8 @@ class World:
             return rows
 
     # ---- teardown -----------------------------------------------------
-    def _destroy_ranks(self, hosting: Hosting, quiet: bool = False, timeout: float = 10.0) -> None:
-        errors = hosting.destroy_group(self._ranks, self._health, timeout)
+    def _destroy_ranks(self, hosting: Hosting, quiet: bool = False, timeout: float = 10.0, clear: bool = False) -> None:
+        errors = hosting.destroy_group(self._ranks, self._health, timeout, clear)
         if errors and not quiet:
             raise RankError("destroy_process_group: " + "; ".join(errors) + f"; {RECOVER_HINT}")
 

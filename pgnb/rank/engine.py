@@ -14,6 +14,7 @@ import time
 from typing import Any, cast
 
 from .._wire import EngineFacts, InitPlan, RankReport
+from . import rendezvous as rank_rendezvous
 
 _STATE: dict[str, Any] = {}
 
@@ -80,6 +81,11 @@ def warm_up() -> str:
     import torch.distributed  # noqa: F401
 
     text_progress_bars()
+    import warnings
+
+    from .streams import format_warning
+
+    warnings.formatwarning = format_warning  # a warning says where as a traceback does, the same every run
     return str(torch.__version__)
 
 
@@ -134,6 +140,7 @@ def init_rank(plan: InitPlan) -> RankReport:
     t0 = time.monotonic()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     os.environ.update(plan["env"])
+    rank_rendezvous.remember(plan["env"])  # what no cell keeps changed
     delay = plan.get("delay", 0.0)
     if delay:
         time.sleep(delay)  # a late joiner, on request (lessons and tests)
@@ -236,10 +243,18 @@ def rank_status() -> RankReport:
     return out
 
 
-def destroy() -> bool:
-    """destroy_process_group() if there is one; True when something was destroyed."""
+def destroy(clear: bool = False) -> bool:
+    """destroy_process_group() if there is one; True when something was destroyed.
+
+    ``clear``: first empty this rank's namespace (``pgnb.rank.values.clear_namespace``), while the
+    group its objects may hold is still alive.
+    """
     import sys
 
+    if clear:
+        from .values import clear_namespace
+
+        clear_namespace()
     dist = sys.modules.get("torch.distributed")
     destroyed = False
     if dist is not None and dist.is_initialized():

@@ -70,11 +70,15 @@ def _dtype(dtype: Any) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def _is_dtensor(value: Any) -> bool:
+    """``value`` is a DTensor (never imported here: a rank that has not imported it has none)."""
+    cls = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    return cls is not None and isinstance(value, cls)
+
+
 def _dtensor(value: Any) -> DTensorFacts | None:
-    """The mesh and placements of a DTensor (None for any other tensor; DTensor is not imported here)."""
-    module = sys.modules.get("torch.distributed.tensor")
-    cls = getattr(module, "DTensor", None)
-    if cls is None or not isinstance(value, cls):
+    """The mesh and placements of a DTensor (None for any other tensor)."""
+    if not _is_dtensor(value):
         return None
     mesh = value.device_mesh
     placements = tuple(value.placements)
@@ -115,6 +119,24 @@ def fetch(name: str, limit: int = MAX_ELEMENTS) -> ValueSummary:
     return summarize(ns[name], limit)
 
 
+def clear_namespace() -> None:
+    """A world of a new size: every name the rank's cells defined is dropped, as in a fresh kernel.
+
+    IPython's own names (``In``, ``exit``, ...) and those beginning with ``_`` are kept: an
+    engine's running request keeps its function and arguments under such names. Freed now, while
+    the old group is alive: torch 2.13 can hang freeing a DDP model after ``destroy_process_group()``.
+    """
+    import gc
+
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    hidden = shell.user_ns_hidden
+    for name in [n for n in shell.user_ns if n not in hidden and not n.startswith("_")]:
+        del shell.user_ns[name]
+    gc.collect()
+
+
 def push_values(values: dict[str, Any]) -> None:
     """``Sandbox.push``: put the values into this rank's namespace, as cells see it."""
     from IPython import get_ipython
@@ -123,7 +145,7 @@ def push_values(values: dict[str, Any]) -> None:
 
 
 def pull_value(name: str) -> Any:
-    """``Sandbox.pull``: this rank's value of ``name`` (tensors come back on the CPU)."""
+    """``Sandbox.pull``: this rank's value of ``name`` (tensors come back on the CPU, a DTensor as its local shard)."""
     from IPython import get_ipython
 
     ns = get_ipython().user_ns
@@ -133,8 +155,17 @@ def pull_value(name: str) -> Any:
 
 
 def to_cpu(value: Any, depth: int) -> Any:
+    """``value`` as the kernel can use it: tensors on the CPU, down to ``depth`` levels of lists, tuples, dicts.
+
+    A DTensor becomes its local shard, a plain tensor: the DTensor itself would need this rank's
+    process group wherever it is used (the kernel has none), and the local shard needs no
+    collective, so every rank's copy arrives even when only some ranks are asked.
+    """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
+        if _is_dtensor(value):
+            local = _local(value).detach()
+            value = local.requires_grad_() if value.requires_grad else local
         return value.detach().cpu() if value.device.type != "cpu" else value
     if depth <= 0:
         return value
