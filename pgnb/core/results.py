@@ -117,7 +117,7 @@ class CellResult:
         with_state = self.interrupted or any(r.state == "still running" for r in self.ranks)
         peer_lost = any(r.state == "lost" for r in self.ranks)
         for r in self.ranks:
-            if not with_state and r.state == "finished" and not (
+            if not with_state and (r.state == "finished" or _exited(r)) and not (
                 r.stdout or r.stderr or r.outputs or r.result is not None
             ):
                 continue
@@ -138,7 +138,7 @@ class CellResult:
                     "the connection to the lost peer broke")
             if r.traceback:
                 out.append(("stderr", _lines([*r.traceback[:-1], last] if echo else r.traceback)))
-            elif r.state == "failed" and r.ename:
+            elif r.state == "failed" and r.ename and not _exited(r):  # an exit is said once, in error()
                 out.append(("stderr", (last if echo else f"{r.ename}: {r.evalue}") + "\n"))
             if r.stack:
                 out.append(("stderr", f"rank {r.rank} is blocked here (most recent call last):\n"
@@ -177,6 +177,12 @@ class CellResult:
             if quit_:
                 parts.append(f"{_ranks(quit_)} quit in the debugger")
                 errors = [r for r in errors if r.ename != "BdbQuit"]
+            exits: dict[str, list[int]] = {}  # sys.exit() / exit() on a rank: the call it made, e.g. sys.exit(0)
+            for r in errors:
+                if _exited(r):
+                    exits.setdefault(r.evalue, []).append(r.rank)
+            parts.extend(f"{ranks_text(rs)} called {call}" for call, rs in exits.items())
+            errors = [r for r in errors if not _exited(r)]
             if errors and len({(r.ename, r.evalue) for r in errors}) == 1:
                 parts.append(f"{_ranks(errors)} raised {_one_line(errors[0])}")
             elif errors:
@@ -205,8 +211,13 @@ class CellResult:
         return RankError(msg, failed)
 
 
+def _exited(r: RankOutput) -> bool:
+    """The rank's cell ended in ``sys.exit()`` / ``exit()`` (``pgnb.rank.cell.exit_call`` named the call)."""
+    return r.state == "failed" and r.ename == "SystemExit" and not r.traceback
+
+
 def _one_line(r: RankOutput) -> str:
-    return one_line(r.ename, r.evalue)
+    return one_line(r.ename, r.evalue, where=f"under rank {r.rank} above")  # pieces() show it whole there
 
 
 def _ended(text: str) -> str:
