@@ -11,7 +11,9 @@ rank's state to a ``LiveSink``: the notebook's live view, a terminal's
 Which ``torch.distributed`` call a rank waits in comes from sampling: a rank
 that has run longer than ``SAMPLE_AFTER`` seconds is asked for its Python
 stack (the dump ``--timeout`` uses, ``pgnb.rank.stacks``) every ``SAMPLE_EVERY``
-seconds. Nothing on the rank is wrapped.
+seconds, without waiting for the answer: each sample reads the answer to the
+previous one's request, so a rank that cannot answer (it holds the GIL) never
+holds the tick up. Nothing on the rank is wrapped.
 
 What the notebook keeps of a rank's stream is ``pgnb.core.terminal.settle``'s form.
 """
@@ -26,7 +28,7 @@ from typing import Any, Literal, Protocol
 
 from .dispatch import Dispatch
 from .remote import ename, outcome
-from .stacks import dump_stacks
+from .stacks import ASKED, dump_stacks
 
 #: At most this many updates reach a sink per second (a print loop cannot flood the browser).
 UPDATES_PER_SECOND = 10
@@ -175,11 +177,14 @@ class LiveCell:
         if not due:
             return
         infos = self.world.rank_infos
-        stacks = dump_stacks({r: infos[r] for r in due}, self.world.scratch_dir, self.code)
+        # wait=0: the answers to the previous sample's requests; a rank that cannot answer holds nothing up
+        stacks = dump_stacks({r: infos[r] for r in due}, self.world.scratch_dir, self.code, wait=0)
         for r in due:
             seen = self._seen[r]
             seen.sampled_at = time.monotonic()
             stack = stacks.get(r)
+            if stack is not None and stack.note == ASKED:
+                continue  # its answer is read at the next sample
             call = _waiting_in(stack.frames) if stack is not None else ""
             if call != seen.waiting_in:
                 seen.waiting_in, seen.waiting_since = call, now

@@ -26,9 +26,11 @@ from ..rank.values import MAX_ELEMENTS, fetch, summarize
 from .dispatch import Dispatch
 from .text import ranks_text
 
-__all__ = ["MAX_ELEMENTS", "RankValues", "gather", "summarize"]
+__all__ = ["MAX_ELEMENTS", "SHOW_TIMEOUT", "RankValues", "gather", "summarize"]
 
 MISSING = "(not defined)"
+#: Seconds every rank has to send its summary (a rank that holds the GIL never does; it is then reported busy).
+SHOW_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
@@ -340,14 +342,15 @@ def _index(i: int, shape: tuple[int, ...]) -> str:
 
 def gather(what: str | Sequence[Any], ranks: Iterable[int] | None = None,
            world: Dispatch | None = None) -> RankValues:
-    """The per-rank view of ``what``: a variable name on ``world``'s ranks, or a list of values indexed by rank."""
+    """The per-rank view of ``what``: a variable name on ``world``'s ranks (each has ``SHOW_TIMEOUT`` s to
+    answer), or a list of values indexed by rank."""
     if isinstance(what, str):
         if not what.isidentifier():
             raise SpecError(f"cannot show {what!r}: give the plain name of a variable on the ranks")
         if world is None:
             raise SpecError(f"cannot show {what!r}: no world to ask (pass world=)")
         chosen = None if ranks is None else sorted(ranks)
-        rows = world.run(fetch, what, ranks=chosen)
+        rows = world.run(fetch, what, ranks=chosen, timeout=SHOW_TIMEOUT)
         shown = list(range(len(world.engine_ids))) if chosen is None else chosen
         return RankValues(what, tuple(shown), tuple(rows))
     values = list(what)

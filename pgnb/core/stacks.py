@@ -7,6 +7,13 @@ collective (which ignores SIGINT). The stack is trimmed to the frames that
 matter: the cell's own code and what it called. Library frames are shown as
 tracebacks show them (``pgnb.rank.cell.plain_traceback``): file and function,
 no line number or source line, which change with every torch release.
+
+Asking never holds the kernel up, whatever the rank does: a rank that holds
+the GIL (native code that never releases it) cannot answer, so the request is
+sent without blocking, each rank has at most one request waiting at its socket
+(it is not asked again until it answers, so its queue never fills), and the
+kernel waits for an answer at most ``STACK_WAIT`` seconds, once: a rank whose
+earlier request is still unanswered is reported at once (``NO_ANSWER``).
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ import linecache
 import os
 import re
 import socket
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -25,7 +34,7 @@ from .remote import is_local
 from .rendezvous import EngineInfo
 from .waiting import poll_until
 
-#: Seconds to wait for a rank's stack dump to be written.
+#: Seconds a rank has to answer a stack request before it is reported as not answering.
 STACK_WAIT = 1.0
 #: Frames shown at most per stuck rank (innermost kept).
 STACK_FRAMES = 12
@@ -39,6 +48,10 @@ _TRACER_FILE = os.path.join(*rank_trace.__name__.split(".")) + ".py"
 #: The note of a rank that answered but is in no cell's code: it has left the cell (IPython formats its
 #: error, or it is replying), so its result is on its way.
 NO_CELL_CODE = "its stack shows no cell code"
+#: The note of a rank that has not answered a request for ``STACK_WAIT`` s: no thread of it can run Python.
+NO_ANSWER = f"it did not answer within {STACK_WAIT:g} s; it holds the GIL or is in native code"
+#: The note of a rank asked by ``dump_stacks(wait=0)`` whose answer is not in yet (the next call reads it).
+ASKED = "its stack was asked for"
 
 
 @dataclass(frozen=True)
@@ -50,47 +63,98 @@ class Stack:
     note: str = ""  # why there are no frames
 
 
-def dump_stacks(infos: Mapping[int, EngineInfo], stack_dir: str, code: str = "") -> dict[int, Stack]:
-    """Ask each rank of ``infos`` (``rank -> its engine``) for its Python stack.
+@dataclass(frozen=True)
+class _Request:
+    """A stack request sent to one rank: its answer is what its dump file holds past ``offset``."""
+
+    path: str
+    offset: int
+    at: float  # time.monotonic() when it was sent
+
+    def answer(self) -> str | None:
+        """The rank's whole dump, once written (one write, ending in a blank line: ``pgnb.rank.stacks``)."""
+        text = _read_from(self.path, self.offset)
+        return text if text.endswith("\n\n") else None
+
+
+#: socket address -> the request sent there and not answered yet (at most one per rank)
+_UNANSWERED: dict[str, _Request] = {}
+#: the live view samples from the main thread while ``Sandbox.execute`` may run in another
+_LOCK = threading.Lock()
+
+
+def dump_stacks(infos: Mapping[int, EngineInfo], stack_dir: str, code: str = "",
+                wait: float = STACK_WAIT) -> dict[int, Stack]:
+    """Ask each rank of ``infos`` (``rank -> its engine``) for its Python stack; never blocks for longer than ``wait``.
 
     ``code`` is the cell's source, for the source lines of its own frames.
+    ``wait=0`` (the live view's sampling) waits for no answer: a rank's stack is
+    the answer to the request an earlier call sent (``ASKED`` until it is in),
+    and a new request goes out.
     """
     out: dict[int, Stack] = {}
-    asked: dict[int, tuple[str, int]] = {}
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as asker:
-        for r, info in infos.items():
-            path = stack_file(stack_dir, info.pid)
-            if not is_local(info):
-                out[r] = Stack(note=f"it runs on host {info.host}")
-                continue
-            if not os.path.exists(path):
-                out[r] = Stack(note="the engine has no stack dumps enabled")
-                continue
-            size = os.path.getsize(path)
-            try:
-                asker.sendto(b"?", stack_socket(stack_dir, info.pid))
-            except OSError:
-                out[r] = Stack(note="the engine process is gone")
-                continue
-            asked[r] = (path, size)
-    # the rank writes its whole dump in one write, ending in a blank line (pgnb.rank.stacks.dump_text)
-    dumps: dict[int, str] = {}
+    answers: dict[int, str] = {}
+    waiting: dict[int, _Request] = {}
+    with _LOCK:
+        for address in [a for a in _UNANSWERED if not os.path.exists(a)]:  # engines gone, worlds removed
+            del _UNANSWERED[address]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as asker:
+            asker.setblocking(False)
+            now = time.monotonic()
+            for r, info in infos.items():
+                path = stack_file(stack_dir, info.pid)
+                address = stack_socket(stack_dir, info.pid)
+                if not is_local(info):
+                    out[r] = Stack(note=f"it runs on host {info.host}")
+                    continue
+                if not os.path.exists(path):
+                    out[r] = Stack(note="the engine has no stack dumps enabled")
+                    continue
+                earlier = _UNANSWERED.get(address)
+                if earlier is not None:
+                    text = earlier.answer()
+                    if text is None:  # never a second request: it would queue behind the first
+                        if now - earlier.at >= STACK_WAIT:
+                            out[r] = Stack(note=NO_ANSWER)
+                        elif wait > 0:
+                            waiting[r] = earlier
+                        else:
+                            out[r] = Stack(note=ASKED)
+                        continue
+                    del _UNANSWERED[address]
+                    if wait <= 0:
+                        answers[r] = text
+                request = _Request(path, os.path.getsize(path), now)
+                try:
+                    asker.sendto(b"?", address)
+                except BlockingIOError:  # its queue is full (asked by another process): it is not reading
+                    out[r] = Stack(note=NO_ANSWER)
+                    continue
+                except OSError:
+                    out[r] = Stack(note="the engine process is gone")
+                    continue
+                _UNANSWERED[address] = request
+                if wait > 0:
+                    waiting[r] = request
+                elif r not in answers:
+                    out[r] = Stack(note=ASKED)
 
-    def all_written() -> bool:
-        for r, (path, size) in asked.items():
-            if r not in dumps:
-                text = _read_from(path, size)
-                if text.endswith("\n\n"):
-                    dumps[r] = text
-        return not asked.keys() - dumps.keys()
+        def all_written() -> bool:
+            for r, request in waiting.items():
+                if r not in answers:
+                    text = request.answer()
+                    if text is not None:
+                        answers[r] = text
+                        _UNANSWERED.pop(stack_socket(stack_dir, infos[r].pid), None)
+            return not waiting.keys() - answers.keys()
 
-    poll_until(all_written, STACK_WAIT, step=0.01)
-    for r in asked:
-        if r in dumps:
-            frames, where = trim_stack(dumps[r], code)
-            out[r] = Stack(tuple(frames), where, "" if frames else NO_CELL_CODE)
-        else:
-            out[r] = Stack(note="it did not answer the stack request in time")
+        if waiting:
+            poll_until(all_written, wait, step=0.01)
+    for r in waiting.keys() - answers.keys():
+        out[r] = Stack(note=NO_ANSWER)
+    for r, text in answers.items():
+        frames, where = trim_stack(text, code)
+        out[r] = Stack(tuple(frames), where, "" if frames else NO_CELL_CODE)
     return out
 
 

@@ -499,8 +499,11 @@ class World:
             hosting = self._hosting
             if hosting is not None:
                 # with a rank lost, the others may be stuck waiting for it: no polite destroy; nor when
-                # the ranks are not all initialised (a rank in the rendezvous would make destroy wait)
-                if hosting.pool.client is not None and not self.lost_ranks() and self.is_initialized:
+                # the ranks are not all initialised (a rank in the rendezvous would make destroy wait),
+                # nor when one still runs earlier work (the destroy would queue behind it)
+                client = hosting.pool.client
+                if client is not None and not self.lost_ranks() and self.is_initialized and not (
+                        self.busy.still_running(range(len(self._ranks)), self.engine_ids, client, settle=0.0)):
                     with contextlib.suppress(Exception):
                         self._destroy_ranks(hosting, quiet=True, timeout=2.0)
                 self._hosting = None

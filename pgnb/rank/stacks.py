@@ -62,11 +62,18 @@ def enable_stack_dumps(stack_dir: str | None) -> str | None:
 def _answer(sock: socket.socket, fd: int, thread: int) -> None:
     try:
         while sock.recv(64):
+            _drain(sock)  # requests that queued while this process could not run Python: one answer does
             os.write(fd, dump_text(sys._current_frames().get(thread), thread).encode("utf-8", "replace"))
     except OSError:
         pass  # the socket was closed (a newer world) or the directory removed
     finally:
         os.close(fd)
+
+
+def _drain(sock: socket.socket) -> None:
+    with contextlib.suppress(BlockingIOError):
+        while sock.recv(64, socket.MSG_DONTWAIT):
+            pass
 
 
 def dump_text(frame: FrameType | None, thread: int) -> str:
