@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from .._wire import CellError, CellReply, DebugArgs, PackedValue, TraceArgs
-from . import debug as rank_debug
+from . import children as rank_children, debug as rank_debug, rendezvous as rank_rendezvous
 from .stacks import enable_stack_dumps
 from .values import to_cpu
 
@@ -50,6 +50,7 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
 
     rank = int(shell.user_ns.get("rank", -1))
     hooks = rank_debug.install(debug, rank)
+    _exits_like_sys_exit(shell)
 
     if trace is not None:
         from . import trace as rank_trace
@@ -65,8 +66,10 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     if label is not None:
         shell.execution_count = label
     try:
+        rank_children.watch(stack_dir)  # a spawned child's traceback goes to its fd 2, the engine's log
         res = shell.run_cell(code, store_history=False, silent=False)
     finally:
+        spawned = rank_children.unwatch(short_path)
         if trace is not None:
             rank_trace.stop()
         if shadowed is None:
@@ -76,7 +79,13 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
         shell.execution_count = saved_count
         shell.InteractiveTB.set_mode(tb_mode)
         rank_debug.uninstall(hooks)
-    if not res.success and debug is not None and debug.get("post_mortem"):
+    moved = rank_rendezvous.restore()  # a cell's os.environ["MASTER_PORT"] = ... is not the next cell's
+    if moved:
+        print(moved, file=sys.stderr)
+    if spawned and not res.success:  # e.g. torch.multiprocessing.spawn's "process 0 terminated with exit code 1"
+        print(spawned, file=sys.stderr, end="")
+    exited = res.error_in_exec if isinstance(res.error_in_exec, SystemExit) else None
+    if not res.success and exited is None and debug is not None and debug.get("post_mortem"):
         note = rank_debug.post_mortem(debug, rank)  # %%pg --pdb: the user looks around before the reply goes
         if note:
             print(note, file=sys.stderr)
@@ -87,9 +96,51 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
         out = {**out, **error}  # IPython's formatted traceback, when it showed one
         if isinstance(exc, SyntaxError):  # str() names the cell's temp file; say the line instead
             out["evalue"] = f"{exc.msg} (line {exc.lineno})" if exc.lineno else str(exc.msg)
+        if exited is not None:  # no traceback: the kernel says it in one line, "rank 2 called sys.exit(0)"
+            out.update({"ename": "SystemExit", "evalue": exit_call(exited), "traceback": []})
     if res.result is not None:
         out["value"] = pack_value(res.result)
     return out
+
+
+class _Exit(SystemExit):
+    """What ``exit()`` / ``quit()`` raise on a rank: ``sys.exit()``'s exception, naming its caller."""
+
+    def __init__(self, name: str, code: Any) -> None:
+        super().__init__(code)
+        self.called = name
+
+
+class _Quitter:
+    """``exit`` / ``quit`` on a rank: IPython's ask the kernel to stop, which an engine ignores, so the
+    cell carried on; a script's end its process (``sys.exit``), which ends the cell here."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Use {self.name}() to end this rank's cell, as sys.exit() does"
+
+    def __call__(self, code: Any = None) -> None:
+        raise _Exit(self.name, code)
+
+
+def _exits_like_sys_exit(shell: Any) -> None:
+    """``exit()`` / ``quit()`` raise ``SystemExit``, unless the user's code named something else so;
+    IPython's "To exit: use 'exit', 'quit', or Ctrl-D." after a ``SystemExit`` is not said on a rank."""
+    import warnings
+
+    for name in ("exit", "quit"):
+        now = shell.user_ns.get(name)
+        if now is None or now is getattr(shell, "exiter", None):
+            shell.user_ns[name] = _Quitter(name)
+    warnings.filterwarnings("ignore", message=r"To exit: use 'exit', 'quit', or Ctrl-D\.", category=UserWarning)
+
+
+def exit_call(exc: SystemExit) -> str:
+    """How the cell ended, as the call it made: ``sys.exit(0)``, ``sys.exit()``, ``exit('bye')``."""
+    name = getattr(exc, "called", "sys.exit")
+    return f"{name}({'' if exc.code is None else repr(exc.code)})"
 
 
 def clean_message(text: str) -> str:
