@@ -6,7 +6,8 @@ round by round so background load hits both alike. Prints medians and the
 ratio of each row against its target, writes ``benchmarks/results/latest.json``
 (every sample) and ``benchmarks/results/latest.md`` (the table docs/performance.md shows).
 
-    python -m benchmarks                 # the full run (~4-6 min on 2 cores); updates docs/performance.md
+    python -m benchmarks                 # the full run (~15 min on 2 cores, ~10 of them torch's own
+                                         # spawning of benchmarks/dist_suite); updates docs/performance.md
     python -m benchmarks --quick         # one sample of each, smaller loops (~2-3 min); docs untouched
     python -m benchmarks --no-docs       # a full run that leaves docs/performance.md as it is
 
@@ -47,10 +48,12 @@ def plan(quick: bool) -> dict[str, Any]:
     if quick:
         return {"warmup": False, "rounds": 1, "rounds_w8_local": 0, "cell_repeats": 20, "reinit_cycles": 2,
                 "ar_rounds": 1, "sizes": [[1 << 20, 20, 3, 3], [1 << 24, 3, 1, 2]], "scale": 32,
-                "live": {"latency_lines": 40, "flood_rounds": 1, "cell_repeats": 10, "compute_seconds": 4.0}}
+                "live": {"latency_lines": 40, "flood_rounds": 1, "cell_repeats": 10, "compute_seconds": 4.0},
+                "torch_suite": {"keyword": "CollectivesWorld2"}}
     return {"warmup": True, "rounds": 3, "rounds_w8_local": 2, "cell_repeats": 60, "reinit_cycles": 4,
             "ar_rounds": 3, "sizes": [[1 << 20, 40, 5, 5], [1 << 24, 5, 2, 3]], "scale": 32,
-            "live": {"latency_lines": 60, "flood_rounds": 3, "cell_repeats": 30, "compute_seconds": 10.0}}
+            "live": {"latency_lines": 60, "flood_rounds": 3, "cell_repeats": 30, "compute_seconds": 10.0},
+            "torch_suite": {}}
 
 
 def log(msg: str) -> None:
@@ -88,6 +91,8 @@ def collect(p: dict[str, Any]) -> dict[str, Any]:
     sample("scale", "scale", world=p["scale"])
     log("live %%pg in a Jupyter kernel: latency, a print flood vs %%px --stream, a trivial cell, a compute loop")
     sample("live", "live", world=4, **p["live"])
+    log("torch's MultiProcessTestCase suite (benchmarks/dist_suite): torch's own spawning, then pytest --pgnb-torch")
+    sample("torch_suite", "torch_suite", **p["torch_suite"])
     return raw
 
 
@@ -174,6 +179,14 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
     co = lv["compute"]
     row("a rank's compute-only loop, watched by `%%pg` vs under `%%px`", co["pg"], co["px"], "s", "≤ 1.02×",
         co["pg"] / co["px"] <= 1.02, note="median of the 4 ranks' own loop times; stacks sampled after 2 s")
+    ts = raw["torch_suite"][0]
+    same = "the same verdicts both ways" if ts["same_verdicts"] else f"verdicts differ: {', '.join(ts['differ'])}"
+    row(f"torch's own suite: {ts['tests']} `MultiProcessTestCase` tests (world 2 and 4), `pytest --pgnb-torch` "
+        "vs torch's spawning", ts["pgnb"]["wall"], ts["spawn"]["wall"], "s", "≤ 0.033× (30× less), same verdicts",
+        ts["ratio"] <= 1 / 30 and ts["same_verdicts"],
+        note=f"whole pytest runs; {ts['passed']} passed, {ts['skipped']} skipped, {ts['failed']} failed, {same}; "
+             f"a test's median {ts['pgnb']['per_test_median'] * 1e3:.0f} ms vs {ts['spawn']['per_test_median']:.1f} s",
+        headline=("torch's own distributed test suite (`pytest --pgnb-torch`)", "torch spawning processes per test"))
     return rows
 
 
