@@ -35,6 +35,9 @@ from .waiting import poll_until
 HEARTBEAT_MS = 100
 ENGINE_START_TIMEOUT = 120.0
 OUT_STREAM = "pgnb.rank.streams.PythonOutStream"  # named, not imported: the engines load it
+#: Modules the fork launcher's zygote imports besides torch, once for all its engines (pgnb.testing.torch_suites
+#: adds torch's test harness while it runs torch's suites: ~1-3 s less per world on 2 cores).
+ZYGOTE_PRELOAD: list[str] = []
 #: Engines of local launchers (``pgnb.spec.LOCAL_LAUNCHERS``) are started as soon as the controller
 #: process is (not once it has written its connection files) and read those files themselves,
 #: so a zygote imports torch while the controller boots (~0.6-1 s less per cold start here).
@@ -312,6 +315,10 @@ class EnginePool:
         early = engines > 0 and self.launcher in LOCAL_LAUNCHERS
         if early:  # the engine polls for the controller's connection file (10 s by default; a loaded machine)
             cfg.EngineLauncher.engine_args.append(f"--IPEngine.wait_for_url_file={ENGINE_START_TIMEOUT:g}")
+        if ZYGOTE_PRELOAD:
+            from ..procs.forklauncher import ForkEngineSetLauncher
+
+            cfg.ForkEngineSetLauncher.preload = [*(ForkEngineSetLauncher.preload.default() or []), *ZYGOTE_PRELOAD]
         if self.launcher in LOCAL_LAUNCHERS:  # the controller's exit status, when it dies (pgnb names the cause)
             kwargs_controller: dict[str, Any] = {"controller": local_controller()}
         else:

@@ -71,6 +71,7 @@ HARNESS = "torch.testing._internal.common_distributed"
 _LEFT = pytest.StashKey[list[tuple[str, str]]]()  # config: (nodeid, reason) of each test left to torch's spawning
 _SIZE = pytest.StashKey[int]()  # config: the largest world_size among the collected torch tests
 _REASON = pytest.StashKey[str]()  # item: why it is left to torch's spawning, known at collection
+_START_ERROR = pytest.StashKey[str]()  # item: why its world did not start (said in the test's call)
 
 
 # ---- hooks ---------------------------------------------------------------
@@ -104,7 +105,7 @@ def torch_case(item: pytest.Item) -> type | None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if not enabled(session.config):
         return
-    sizes = []
+    sizes, harness = [], set()
     for item in session.items:
         cls = torch_case(item)
         if cls is None:
@@ -113,9 +114,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if reason:
             item.stash[_REASON] = reason
             continue
+        harness |= {c.__module__ for c in cls.__mro__ if c.__module__.startswith("torch.testing.")}
         with contextlib.suppress(Exception):  # a property that needs a running test: asked again then
             sizes.append(int(cls("runTest").world_size))
     session.config.stash[_SIZE] = max(sizes, default=0)
+    if harness:  # the zygote imports torch's test harness once, before forking the ranks
+        from ..core import cluster
+
+        cluster.ZYGOTE_PRELOAD[:] = sorted(harness)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if enabled(config):
+        from ..core import cluster
+
+        cluster.ZYGOTE_PRELOAD.clear()
 
 
 def spawn_reason(item: pytest.Item, cls: type) -> str:
@@ -135,6 +148,25 @@ def spawn_reason(item: pytest.Item, cls: type) -> str:
     if called:
         return f"its code calls {called[0]} (a test that ends, kills or forks its process needs one of its own)"
     return ""
+
+
+@pytest.hookimpl(tryfirst=True, wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    """Have the warm world ready before the test's own time begins (timeouts, durations), as for a world test."""
+    cls = torch_case(item) if enabled(item.config) else None
+    if cls is not None and not item.stash.get(_REASON, "") and item.config.stash.get(_SIZE, 0) > 0 \
+            and not _unittest_skipped(cls, getattr(item, "name", "")):
+        try:
+            world_for(item.config, 0)
+        except Exception as e:  # said at the test, in its call
+            item.stash[_START_ERROR] = str(e)
+    return (yield)
+
+
+def _unittest_skipped(cls: type, name: str) -> bool:
+    """unittest skips it before setUp (torch's ``skip_but_pass_in_sandcastle_if`` and friends)."""
+    method = getattr(cls, name, None)
+    return bool(getattr(cls, "__unittest_skip__", False) or getattr(method, "__unittest_skip__", False))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -227,6 +259,10 @@ class WarmRun:
             type(case)._start_processes(case, proc)
             return
         n = int(case.world_size)
+        if _START_ERROR in self.item.stash:
+            from .plugin import WorldTestFailed
+
+            raise WorldTestFailed(self.item.stash[_START_ERROR])
         self.world = world_for(self.item.config, n)
         pids = [r.pid or 0 for r in self.world.snapshot().ranks[:n]]
         cls = type(case)
@@ -255,7 +291,7 @@ class WarmRun:
         from .plugin import WorldTestFailed, _timeouts, world_pool
         from .verdict import decide
 
-        timeout = _timeouts(self.item)[0]
+        timeout = _timeouts(self.item)[1]  # under pytest-timeout a little shorter: pgnb's report comes first
         pool, sb = world_pool(self.item.config), self.world
         ranks = {p.pid: r for r, p in enumerate(self.processes)}  # the engines' pids: each knows its rank
         blob = pickle.dumps(self.run, protocol=pickle.HIGHEST_PROTOCOL)
