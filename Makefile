@@ -60,13 +60,18 @@ user-venv: $(USER_PY)
 STAGE = IPYTHONDIR=$$(mktemp -d) PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest -x $(PYTEST_ARGS)
 NO_TESTS_OK = || [ $$? = 5 ]
 
+# Two pytest-xdist workers, a test module each at a time (module fixtures stay shared): the engine, kernel,
+# notebook and browser tests mostly wait (rendezvous, timeouts, a kernel's round trips), so two at once
+# nearly halve the wall time on 2 cores. PARALLEL= runs them one by one.
+PARALLEL ?= -n 2 --dist loadfile
+
 # In stages, fast first; the first failure stops the run, and its report is the last thing pytest prints.
 # 1. no engines (unit: spec, views, parsing, layout)  2. real engines and kernels  3. notebooks and the browser
 test: test-venv
 	$(STAGE) -m "not integration and not browser" $(NO_TESTS_OK)
 	$(MAKE) --no-print-directory user-venv
-	$(STAGE) -m "integration and not notebooks and not browser" $(NO_TESTS_OK)
-	$(STAGE) -m "notebooks or browser" $(NO_TESTS_OK)
+	$(STAGE) $(PARALLEL) -m "integration and not notebooks and not browser" $(NO_TESTS_OK)
+	$(STAGE) $(PARALLEL) -m "notebooks or browser" $(NO_TESTS_OK)
 
 # the slow set, then every notebook replayed twice in a row (make test replays most of them once)
 soak: test-venv user-venv
