@@ -185,8 +185,7 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
         "vs torch's spawning", ts["pgnb"]["wall"], ts["spawn"]["wall"], "s", "≤ 0.033× (30× less), same verdicts",
         ts["ratio"] <= 1 / 30 and ts["same_verdicts"],
         note=f"whole pytest runs; {ts['passed']} passed, {ts['skipped']} skipped, {ts['failed']} failed, {same}; "
-             f"a test's median {ts['pgnb']['per_test_median'] * 1e3:.0f} ms vs {ts['spawn']['per_test_median']:.1f} s",
-        headline=("torch's own distributed test suite (`pytest --pgnb-torch`)", "torch spawning processes per test"))
+             f"a test's median {ts['pgnb']['per_test_median'] * 1e3:.0f} ms vs {ts['spawn']['per_test_median']:.1f} s")
     return rows
 
 
