@@ -273,6 +273,7 @@ class TestCall(TypedDict):
     timeout: float | None  # the rank stops waiting for its test after this (None: the kernel's deadline only)
     cwd: str  # the directory every test starts in (the pytest process's)
     rootdir: str  # tracebacks show paths relative to it
+    pdb: bool  # pytest --pdb: a rank whose test raises opens pdb where it raised
 
 
 class _TestReplyBase(TypedDict):
@@ -297,4 +298,3 @@ class TestReply(_TestReplyBase, total=False):
     leaks: list[str]  # what the test left behind, one line each (already undone)
     clean: bool  # the world can run the next test (False: the test's thread is stuck, the group is gone)
     group_count: int  # torch's group counter: ranks that disagree would name their next group differently
-    pdb: bool  # pytest --pdb: a rank whose test raises opens pdb where it raised
