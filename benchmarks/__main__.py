@@ -49,11 +49,11 @@ def plan(quick: bool) -> dict[str, Any]:
         return {"warmup": False, "rounds": 1, "rounds_w8_local": 0, "cell_repeats": 20, "reinit_cycles": 2,
                 "ar_rounds": 1, "sizes": [[1 << 20, 20, 3, 3], [1 << 24, 3, 1, 2]], "scale": 32,
                 "live": {"latency_lines": 40, "flood_rounds": 1, "cell_repeats": 10, "compute_seconds": 4.0},
-                "torch_suite": {"keyword": "CollectivesWorld2"}}
+                "torch_suite": {"keyword": "CollectivesWorld2"}, "world_marker": {"trivial": 20}}
     return {"warmup": True, "rounds": 3, "rounds_w8_local": 2, "cell_repeats": 60, "reinit_cycles": 4,
             "ar_rounds": 3, "sizes": [[1 << 20, 40, 5, 5], [1 << 24, 5, 2, 3]], "scale": 32,
             "live": {"latency_lines": 60, "flood_rounds": 3, "cell_repeats": 30, "compute_seconds": 10.0},
-            "torch_suite": {}}
+            "torch_suite": {}, "world_marker": {}}
 
 
 def log(msg: str) -> None:
@@ -93,6 +93,8 @@ def collect(p: dict[str, Any]) -> dict[str, Any]:
     sample("live", "live", world=4, **p["live"])
     log("torch's MultiProcessTestCase suite (benchmarks/dist_suite): torch's own spawning, then pytest --pgnb-torch")
     sample("torch_suite", "torch_suite", **p["torch_suite"])
+    log("the pytest plugin: trivial @pytest.mark.world(4) tests on a warm world, a hung test, the test after it")
+    sample("world_marker", "world_marker", **p["world_marker"])
     return raw
 
 
@@ -186,6 +188,17 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
         ts["ratio"] <= 1 / 30 and ts["same_verdicts"],
         note=f"whole pytest runs; {ts['passed']} passed, {ts['skipped']} skipped, {ts['failed']} failed, {same}; "
              f"a test's median {ts['pgnb']['per_test_median'] * 1e3:.0f} ms vs {ts['spawn']['per_test_median']:.1f} s")
+    wm = raw["world_marker"][0]
+    row("a trivial `@pytest.mark.world(4)` test on a warm world (pytest's own time per test, median)",
+        wm["per_test_median"], None, "s", "≤ 50 ms", wm["trivial_passed"] and wm["per_test_median"] <= 0.05,
+        note=f"{wm['trivial']} tests in one session, 90th percentile {wm['per_test_p90'] * 1e3:.0f} ms; "
+             "one cell on every rank, the leak checks and the reseed included")
+    row(f"a hung world-4 test (`timeout={wm['hang_timeout']:g}`): its cost, and the test after it",
+        wm["hang_seconds"], None, "s", "≤ timeout + 3 s, the next test passes",
+        wm["hang_outcome"] == "failed" and wm["hang_seconds"] <= wm["hang_timeout"] + 3
+        and wm["after_outcome"] == "passed",
+        note=f"failed with every rank's stack; the next test {wm['after_outcome']} on the fresh world "
+             f"in {wm['after_seconds'] * 1e3:.0f} ms")
     return rows
 
 

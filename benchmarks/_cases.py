@@ -17,6 +17,8 @@ Cases (see ``CASES``):
 - ``scale``: world 32: init, an all_reduce checked on every rank, shutdown, nothing left.
 - ``live``: live ``%%pg`` in a real Jupyter kernel: print-to-send latency, a print flood vs
   ``%%px --stream``, a trivial cell vs ``%%px``, a compute-only loop watched vs not.
+- ``world_marker``: ``@pytest.mark.world(4)`` tests on a warm world: a trivial test's time, a hang's cost, and
+  the test after it (``benchmarks/world_marker.py``).
 - ``torch_suite``: benchmarks/dist_suite (torch ``MultiProcessTestCase`` tests) under plain pytest
   (torch spawns processes per test) and under ``pytest --pgnb-torch`` (``benchmarks/torch_suite.py``).
 """
@@ -41,6 +43,7 @@ if __package__ in (None, ""):  # `python benchmarks/_cases.py`: make `benchmarks
 
 from benchmarks import baselines
 from benchmarks.torch_suite import torch_suite
+from benchmarks.world_marker import world_marker
 
 #: The all_reduce loop, the same code under torchrun and inside ``%%pg``: ``repeats`` blocks of
 #: ``iters`` timed ops after ``warmup`` unmeasured ones; each block's time is the slowest rank's.
@@ -538,6 +541,7 @@ CASES: dict[str, Callable[..., dict[str, Any]]] = {
     "scale": scale,
     "live": live,
     "torch_suite": torch_suite,
+    "world_marker": world_marker,
 }
 
 
