@@ -259,3 +259,19 @@ def test_the_copy_finder_sees_each_kind_of_copy(tmp_path):
         "def e(r):\n    return r.ename == 'EngineError'\n"
     )
     assert [c.split(": ", 1)[0] for c in _copies(src)] == ["4", "4", "6", "8", "10", "10", "12"]
+
+
+#: Sizes a reader can hold in their head (the house's second pass): the world's lifecycle module, and any class.
+WORLD_LINES = 550
+CLASS_LINES = 450
+
+
+def test_the_world_and_every_class_stay_small():
+    world = PKG / "core" / "world.py"
+    assert len(world.read_text().splitlines()) <= WORLD_LINES, f"{world} is over {WORLD_LINES} lines: carve it"
+    big = []
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and (node.end_lineno or 0) - node.lineno + 1 > CLASS_LINES:
+                big.append(f"{path.relative_to(PKG.parent)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not big, f"classes over {CLASS_LINES} lines: {big}"

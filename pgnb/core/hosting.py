@@ -9,11 +9,13 @@ anything still carrying the world's owner token, then its files. The
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Callable
 
+from ..errors import EngineStartError
 from ..procs.processes import kill_all, owned_by_token
 from ..procs.reaper_handle import Reaper
 from ..rank import engine
@@ -137,6 +139,19 @@ class Hosting:
                 errors.append(error_line(e))
         self.remove_store()
         return errors
+
+    def recover(self, ranks: list[EngineInfo], health: Health, world: int, stuck: list[int],
+                replace_stuck: bool) -> None:
+        """After a failed init, a state from which the next init works: the ranks ``stuck`` in the
+        rendezvous replaced (or, without ``replace_stuck``, stopped and left to the next init to
+        replace), the group destroyed on the others."""
+        stuck_infos = [ranks[r] for r in stuck]
+        self.stop_stuck(stuck_infos, health,
+                        lost_as=None if replace_stuck else "engine stopped (it was left waiting for a lost rank)")
+        self.destroy_group(ranks, health, timeout=10.0 if replace_stuck else 2.0)  # quiet: what failed is known
+        if stuck_infos and not self.pool.attached and replace_stuck:
+            with contextlib.suppress(EngineStartError):
+                self.pool.ensure_engines(world)
 
     def stop(self, grace: float) -> None:
         """Stop everything (SIGTERM, SIGKILL after ``grace`` s) and remove its files; the reaper last."""

@@ -439,18 +439,8 @@ class World:
         run.run(rows, self._set_rows, self._recover_after_failed_init)
 
     def _recover_after_failed_init(self, stuck: list[int], replace_stuck: bool) -> None:
-        """Leave a state from which the next init works: stuck engines replaced (or, without
-        ``replace_stuck``, stopped and left to the next init to replace), others clean."""
-        hosting = self._hosting
-        if hosting is None:
-            return
-        stuck_infos = [self._ranks[r] for r in stuck]
-        hosting.stop_stuck(stuck_infos, self._health,
-                           lost_as=None if replace_stuck else "engine stopped (it was left waiting for a lost rank)")
-        self._destroy_ranks(hosting, quiet=True, timeout=10.0 if replace_stuck else 2.0)
-        if stuck_infos and not hosting.pool.attached and replace_stuck:
-            with contextlib.suppress(EngineStartError):
-                hosting.pool.ensure_engines(self.spec.world)
+        if self._hosting is not None:
+            self._hosting.recover(list(self._ranks), self._health, self.spec.world, stuck, replace_stuck)
 
     # ---- queries ------------------------------------------------------
     def status(self, timeout: float = STATUS_TIMEOUT) -> list[RankStatus]:
