@@ -93,12 +93,17 @@ def test_pgnb_own_patterns_leave_third_party_samples_alone():
 # ---- a user's notebook, outside the checkout, under strict nbval ---------------------------
 
 
+#: a rank's warning names the cell, not the engine's temporary file: the replay must give the same bytes
+WARNING_CELL = "%%pg\nimport warnings\nwarnings.warn(f'rank {rank} is careful')"
+
+
 def _user_notebook(folder: Path) -> Path:
     import nbformat
     from nbformat.v4 import new_code_cell, new_notebook
 
     nb = new_notebook(cells=[new_code_cell(src) for src in
-                             ("%load_ext pgnb", "%pg_init --world 2", "%%pg\nprint(rank)", "%pg_shutdown")])
+                             ("%load_ext pgnb", "%pg_init --world 2", "%%pg\nprint(rank)", WARNING_CELL,
+                              "%pg_shutdown")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path = folder / "mine.ipynb"
     nbformat.write(nb, str(path))
@@ -113,6 +118,10 @@ def test_a_users_notebook_replays_with_pgnb_sanitizer_and_its_own_rootdir(tmp_pa
     folder.mkdir()
     notebook = _user_notebook(folder)
     refresh([notebook])  # executed and saved as the user would, with nbclient
+    import nbformat
+
+    warned = "".join(o.get("text", "") for o in nbformat.read(str(notebook), as_version=4).cells[3].outputs)
+    assert "Cell, line 2: UserWarning: rank 0 is careful" in warned and "/tmp/" not in warned, warned
     sanitizer = _sanitizer(tmp_path / "cache")
     assert ROOT not in sanitizer.parents
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
@@ -124,7 +133,7 @@ def test_a_users_notebook_replays_with_pgnb_sanitizer_and_its_own_rootdir(tmp_pa
     out = replay.stdout + replay.stderr
     assert replay.returncode == 0, out
     assert f"rootdir: {folder}\n" in out and "configfile" not in out, out
-    assert "4 passed" in out, out
+    assert "5 passed" in out, out
     # the path as a separate argument: pytest counts it, but pgnb's checkout and settings stay out
     collect = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--nbval-sanitize-with", str(sanitizer),
                               "--collect-only", notebook.name], cwd=folder, env=env, capture_output=True, text=True,
