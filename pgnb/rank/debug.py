@@ -167,13 +167,7 @@ def post_mortem(args: DebugArgs | None, rank: int) -> str:
     cells = _cell_files()
     while tb.tb_next is not None and tb.tb_frame.f_code.co_filename not in cells:
         tb = tb.tb_next  # skip IPython's frames above the cell
-    debugger = RankPdb(channel, cells)
-    debugger.reset()
-    try:
-        debugger.interaction(None, tb)
-    finally:
-        channel.close()
-    return ""
+    return _interact(channel, cells, tb)
 
 
 def debug_exception(exc: BaseException, rank: int) -> str:
@@ -187,7 +181,12 @@ def debug_exception(exc: BaseException, rank: int) -> str:
         return f"no debugger for rank {rank}: {why}"
     for fn in ON_STOP:
         fn()
-    debugger = RankPdb(channel, _cell_files())
+    return _interact(channel, _cell_files(), tb)
+
+
+def _interact(channel: _Channel, cells: set[str], tb: TracebackType) -> str:
+    """pdb at ``tb`` over ``channel`` until the user continues or quits; ``""`` (a debugger ran)."""
+    debugger = RankPdb(channel, cells)
     debugger.reset()
     try:
         debugger.interaction(None, tb)
