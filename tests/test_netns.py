@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -20,49 +19,22 @@ import uuid
 
 import pytest
 from conftest import wait_gone
+from netns_util import Network, made
 
 import pgnb
 from pgnb.core.sandbox import dispatch_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 
-BRIDGE, HOST_ADDR = "pgnbbr0", "198.18.0.1"
-HOSTS = {"pgnbns2": "198.18.0.2", "pgnbns3": "198.18.0.3"}
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
-def _remove_network() -> None:
-    for ns in HOSTS:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
-    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, timeout=10)
-    for i in range(len(HOSTS)):
-        subprocess.run(["ip", "link", "del", f"pgnbv{i}"], capture_output=True, timeout=10)
+NETWORK = Network(bridge="pgnbbr0", host_addr="198.18.0.1",
+                      hosts={"pgnbns2": "198.18.0.2", "pgnbns3": "198.18.0.3"}, veth_prefix="pgnbv")
+HOST_ADDR, HOSTS = NETWORK.host_addr, NETWORK.hosts
 
 
 @pytest.fixture(scope="module")
 def test_hosts():
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.skip("needs root and iproute2 to create network namespaces")
-    _remove_network()  # leftovers of an interrupted run
-    try:
-        _ip("link", "add", BRIDGE, "type", "bridge")
-        _ip("addr", "add", f"{HOST_ADDR}/24", "dev", BRIDGE)
-        _ip("link", "set", BRIDGE, "up")
-        for i, (ns, addr) in enumerate(HOSTS.items()):
-            _ip("netns", "add", ns)
-            _ip("link", "add", f"pgnbv{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("link", "set", f"pgnbv{i}", "master", BRIDGE, "up")
-            _ip("netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
-            _ip("netns", "exec", ns, "ip", "link", "set", "eth0", "up")
-            _ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
-    except (subprocess.CalledProcessError, OSError) as e:
-        _remove_network()
-        pytest.skip(f"cannot create network namespaces here: {getattr(e, 'stderr', b'')!r}")
-    yield HOSTS
-    _remove_network()
+    with made(NETWORK) as net:
+        yield net.hosts
 
 
 @pytest.fixture(scope="module")
