@@ -17,8 +17,11 @@ export PGNB_REQUIRE_BROWSER
 # Likewise the user-install check fails rather than skips as root when PGNB_USER_PYTHON is not given.
 PGNB_REQUIRE_USER_INSTALL ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
 export PGNB_REQUIRE_USER_INSTALL
-# Debian packages the tests use (browser test, MPI launcher, network namespaces).
-APT_PACKAGES := chromium openmpi-bin libopenmpi-dev iproute2
+# And the SSH launcher's test (tests/test_ssh.py: sshd in network namespaces) when sshd is missing.
+PGNB_REQUIRE_SSH ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
+export PGNB_REQUIRE_SSH
+# Debian packages the tests use (browser test, MPI launcher, network namespaces, SSH launcher).
+APT_PACKAGES := chromium openmpi-bin libopenmpi-dev iproute2 openssh-server openssh-client
 
 .PHONY: demo test venv test-venv user-venv system-deps bench soak reliability lint clean
 
