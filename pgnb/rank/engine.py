@@ -117,6 +117,7 @@ def listen_for_store(addr: str, port: int) -> int:
     no race between two notebooks initialising at once.
     """
     close_store_socket()
+    rank_rendezvous.forget_store()  # the previous world's store may hold this very port
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -174,10 +175,10 @@ def init_rank(plan: InitPlan) -> RankReport:
         kwargs.update(rank=plan["rank"], world_size=plan["world_size"])
 
     sock = _STATE.get("store_socket")
+    server = None
     if sock is not None:
         # rank 0 serves the store on the socket it bound; the others reach it via init_method
-        # init_process_group prefixes a rendezvous store with "default_pg"; do the same by hand
-        kwargs["store"] = dist.PrefixStore("default_pg", dist.TCPStore(
+        server = dist.TCPStore(
             plan["master_addr"],
             sock.getsockname()[1],
             plan["world_size"],
@@ -185,12 +186,16 @@ def init_rank(plan: InitPlan) -> RankReport:
             kwargs["timeout"],
             wait_for_workers=False,
             master_listen_fd=sock.fileno(),
-        ))
+        )
+        # init_process_group prefixes a rendezvous store with "default_pg"; do the same by hand
+        kwargs["store"] = dist.PrefixStore("default_pg", server)
         kwargs.update(rank=plan["rank"], world_size=plan["world_size"])
         _STATE.pop("store_socket").detach()  # the store owns (and will close) the fd now
     else:
         kwargs["init_method"] = plan["init_method"]
     dist.init_process_group(**kwargs)
+    # the inits cells make from pgnb's MASTER_ADDR/PORT meet on this world's store too
+    rank_rendezvous.keep_store(server, dist.group.WORLD, serves=plan["init_method"].startswith(("env:", "tcp:")))
     _STATE["device"] = device
     _STATE["init_seconds"] = time.monotonic() - t0
     _publish_names(torch, dist, device)
