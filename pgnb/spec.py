@@ -22,7 +22,7 @@ from .errors import BackendUnavailable, SpecError
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 INIT_SCHEMES = ("env", "tcp", "file")
 DEBUG_LEVELS = {"off": "OFF", "info": "INFO", "detail": "DETAIL"}
-LAUNCHER_ALIASES = {"fork": "pgnb.fork"}
+LAUNCHER_ALIASES = {"fork": "pgnb.fork", "slurm": "pgnb.slurm"}
 #: Launchers whose engines run on this machine (the kernel's): pgnb's zygote and ipyparallel's own.
 LOCAL_LAUNCHERS = ("local", "pgnb.fork")
 
@@ -83,7 +83,8 @@ class WorldSpec:
     launcher: str = _option("pgnb.fork", "--launcher", given="fork",
                             shown=lambda v: {full: short for short, full in LAUNCHER_ALIASES.items()}.get(v, v),
                             help="ipyparallel engine launcher: fork (pgnb's: engines forked from one process that "
-                                 "imported torch once), local, mpi, slurm, ssh, ... (default fork)")
+                                 "imported torch once), local, mpi, slurm (pgnb's: a zygote per node), ssh, ... "
+                                 "(default fork)")
     profile: str | None = _option(None, "--profile", help="attach to the ipyparallel cluster of this IPython profile")
     cluster_id: str | None = _option(None, "--cluster-id", help="attach to the ipyparallel cluster with this id")
     threads: int | None = _option(None, "--threads", help="torch intra-op threads per rank (default cores // world)")

@@ -84,6 +84,12 @@ _ZYGOTE_MAIN = (
 )
 
 
+def zygote_command(grace: float, preload: list[str]) -> list[str]:
+    """The command that runs a zygote (``python -m pgnb.procs.zygote --grace S --preload M ...``) in this Python."""
+    program = _ZYGOTE_MAIN.format(path=_PGNB_PARENT)
+    return [sys.executable, "-c", program, "--grace", f"{grace:g}", *(f"--preload={name}" for name in preload)]
+
+
 def _signal_number(sig: int | str) -> int:
     """``15``, ``"TERM"`` or ``"SIGTERM"`` -> 15, as BaseLauncher.signal documents."""
     if isinstance(sig, str):
@@ -153,10 +159,7 @@ class ForkEngineSetLauncher(EngineLauncher):  # type: ignore[misc]  # ipyparalle
     # -- paths and command -----------------------------------------------------
 
     def find_args(self) -> list[str]:
-        program = _ZYGOTE_MAIN.format(path=_PGNB_PARENT)
-        args = [sys.executable, "-c", program, "--grace", str(self.stop_seconds_until_kill)]
-        args += [f"--preload={name}" for name in self.preload]
-        return args
+        return zygote_command(self.stop_seconds_until_kill, list(self.preload))
 
     @property
     def _log_dir(self) -> str:

@@ -45,6 +45,14 @@ Zygote to launcher (stdout)::
 
 The zygote's own diagnostics go to its stderr, which the launcher points at a
 log file in the profile's log directory.
+
+Under Slurm (``--slurm LOG_PREFIX -- ENGINE_ARGS``, started by
+:class:`pgnb.procs.slurmlauncher.SlurmForkEngineSetLauncher` as one srun task per node)
+there is no launcher on the other end: the zygote forks its node's share of the
+job's tasks at once (``slurm_tasks``), each engine with the ``SLURM_PROCID``,
+``SLURM_LOCALID`` and ``SLURM_NODEID`` it would have had as its own srun task,
+writes no events, and exits once every engine has (Slurm's SIGTERM stops them
+all, as above).
 """
 
 from __future__ import annotations
@@ -124,14 +132,16 @@ def _thread_count() -> int:
 class Zygote:
     """Fork engines (and their nannies) on request, reap them, take them down when told or orphaned."""
 
-    def __init__(self, grace: float) -> None:
+    def __init__(self, grace: float, standalone: bool = False) -> None:
         self.pid = os.getpid()
+        #: no launcher on stdin (Slurm): done when the engines are
+        self.standalone = standalone
         self.grace = grace
         self.engines: dict[int, str] = {}  # pid -> key; unreaped engines only
         self.nannies: dict[int, str] = {}  # pid -> engine key; unreaped nannies only
         self.specs: dict[str, dict[str, Any]] = {}  # key -> spawn spec
         self.nanny_socks: dict[int, tuple[socket.socket, str]] = {}  # fileno -> (our end, key)
-        self.stdin_open = True
+        self.stdin_open = not standalone
         self.shutdown_at: float | None = None
         self.killed = False
         self.gave_up = False
@@ -156,6 +166,8 @@ class Zygote:
             self._reap()
             if self._term_requested:
                 self._begin_shutdown("SIGTERM")
+            if self.standalone and not self.engines:
+                self._begin_shutdown("every engine exited")
             timeout: float | None = None
             if self.shutdown_at is not None:
                 if not self.engines and not self.nannies:
@@ -494,10 +506,36 @@ def _run_engine(argv: list[str], nanny_sock: socket.socket | None) -> int:
     return code
 
 
+def slurm_tasks(environ: dict[str, str] | os._Environ[str]) -> list[dict[str, str]]:
+    """This node's share of the job's tasks: the ``SLURM_*`` variables of each, as srun would set them.
+
+    The job's layout is ``PGNB_SLURM_TASKS_PER_NODE`` (the batch script's
+    ``SLURM_TASKS_PER_NODE``, e.g. ``2(x3),1``: node i's task count, in node order);
+    Slurm's default block distribution numbers a node's tasks after the nodes before it.
+    """
+    counts: list[int] = []
+    for part in environ["PGNB_SLURM_TASKS_PER_NODE"].split(","):
+        count, _, times = part.partition("(x")
+        counts += [int(count)] * (int(times.rstrip(")")) if times else 1)
+    node = int(environ["SLURM_NODEID"])
+    first = sum(counts[:node])
+    return [{"SLURM_PROCID": str(first + local), "SLURM_LOCALID": str(local), "SLURM_NODEID": str(node),
+             "SLURM_NTASKS": str(sum(counts)), "SLURM_NPROCS": str(sum(counts))} for local in range(counts[node])]
+
+
+def _slurm_specs(log_prefix: str, engine_argv: list[str]) -> list[dict[str, Any]]:
+    cwd = os.getcwd()
+    return [{"key": task["SLURM_PROCID"], "argv": engine_argv, "env": task, "cwd": cwd, "fork_nanny": True,
+             "output": f"{log_prefix}{task['SLURM_PROCID']}.log"} for task in slurm_tasks(os.environ)]
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pgnb.procs.zygote", description=__doc__.split("\n")[0])
     parser.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL at shutdown")
     parser.add_argument("--preload", action="append", default=[], help="module to import before forking (repeatable)")
+    parser.add_argument("--slurm", metavar="LOG_PREFIX", help="fork this node's tasks of the Slurm job at once, "
+                        "engine output to LOG_PREFIX{SLURM_PROCID}.log; the engines' arguments follow --")
+    parser.add_argument("engine_argv", nargs="*", help="(with --slurm) the engines' arguments")
     return parser.parse_args(argv)
 
 
@@ -527,7 +565,12 @@ def main(argv: list[str] | None = None) -> int:
     # not write to (and un-share) their pages in the children.
     gc.collect()
     gc.freeze()
-    zygote = Zygote(args.grace)
+    zygote = Zygote(args.grace, standalone=args.slurm is not None)
+    if args.slurm is not None:
+        os.dup2(2, 1)  # no launcher reads events: they go to the log with the rest
+        for spec in _slurm_specs(args.slurm, args.engine_argv):
+            zygote._spawn_engine(spec)
+        return zygote.run()
     _send({"event": "ready", "pid": zygote.pid, "import_seconds": import_seconds, "threads": threads})
     return zygote.run()
 
