@@ -17,6 +17,9 @@ export PGNB_REQUIRE_BROWSER
 # Likewise the user-install check fails rather than skips as root when PGNB_USER_PYTHON is not given.
 PGNB_REQUIRE_USER_INSTALL ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
 export PGNB_REQUIRE_USER_INSTALL
+# Likewise the Slurm tests (tests/test_slurm.py start a single-node cluster of their own from the Debian packages).
+PGNB_REQUIRE_SLURM ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
+export PGNB_REQUIRE_SLURM
 # And the SSH launcher's test (tests/test_ssh.py: sshd in network namespaces) when sshd is missing.
 PGNB_REQUIRE_SSH ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
 export PGNB_REQUIRE_SSH
