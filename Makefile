@@ -23,8 +23,8 @@ export PGNB_REQUIRE_SLURM
 # And the SSH launcher's test (tests/test_ssh.py: sshd in network namespaces) when sshd is missing.
 PGNB_REQUIRE_SSH ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
 export PGNB_REQUIRE_SSH
-# Debian packages the tests use (browser test, MPI launcher, network namespaces, SSH launcher).
-APT_PACKAGES := chromium openmpi-bin libopenmpi-dev iproute2 openssh-server openssh-client
+# Debian packages the tests use (browser test, MPI launcher, network namespaces, SSH launcher, a Slurm cluster).
+APT_PACKAGES := chromium openmpi-bin libopenmpi-dev iproute2 openssh-server openssh-client slurm-wlm munge
 
 .PHONY: demo test venv test-venv user-venv system-deps bench soak reliability lint clean
 
