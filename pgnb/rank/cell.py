@@ -19,6 +19,8 @@ from .values import to_cpu
 
 #: Last-expression values bigger than this stay on the rank (``_pg`` gets a stand-in).
 VALUE_LIMIT = 64 * 2**20
+#: A file's absolute path in a traceback's frame line (``File "/.../worker.py", line 374``).
+_FILE = re.compile(r'File "(/[^"]+)"')
 _STATE: dict[str, Any] = {}
 
 
@@ -147,10 +149,12 @@ def clean_message(text: str) -> str:
     """An error message without what differs between runs and machines.
 
     torch prefixes C++ errors with a source location (``[/__w/pytorch/.../pair.cc:553]``)
-    and names peers by address and port (``[127.0.0.1]:24230``).
+    and names peers by address and port (``[127.0.0.1]:24230``); a DataLoader worker's error
+    carries the worker's traceback, whose files are named as pgnb's tracebacks name them.
     """
     text = re.sub(r"\[[^\]\s]*\.(?:cpp|cc|h|hpp):\d+\]\s*", "", text)
-    return re.sub(r"\[?\b\d{1,3}(?:\.\d{1,3}){3}\]?:\d+", "<peer>", text)
+    text = re.sub(r"\[?\b\d{1,3}(?:\.\d{1,3}){3}\]?:\d+", "<peer>", text)
+    return _FILE.sub(lambda m: f'File "{"Cell" if "/ipykernel_" in m[1] else short_path(m[1])}"', text)
 
 
 def plain_traceback(exc: BaseException, shell: Any) -> list[str]:
