@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from conftest import alive, wait_gone
 from kernel_util import Kernel
-from slurm_cluster import MISSING, SlurmCluster, available
+from slurm_cluster import CPUS as SLURM_CPUS, MISSING, SlurmCluster, available
 
 import pgnb
+from pgnb.core.sandbox import dispatch_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -118,3 +121,92 @@ def test_a_killed_kernel_leaves_no_job_and_no_process(cluster: SlurmCluster):
     while (cluster.jobs() or alive(pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert cluster.jobs() == [] and alive(pids) == []
+
+
+@pytest.fixture
+def profile(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``profile(line)``: this test's IPYTHONDIR, whose default profile is the docs' plus ``line``."""
+
+    def make(line: str) -> None:
+        (tmp_path / "profile_default").mkdir()
+        (tmp_path / "profile_default" / "ipcluster_config.py").write_text(SLURM_PROFILE + line + "\n")
+        monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
+
+    return make
+
+
+def _start_fails(world: int) -> tuple[str, float, list[int]]:
+    """Start a world that must not start: its one-line error, how long it took, what was left running."""
+    sb = pgnb.Sandbox(backend="gloo", world=world, launcher="slurm", timeout=60)
+    t0 = time.monotonic()
+    with pytest.raises(pgnb.PgnbError) as info:
+        sb.start()
+    seconds = time.monotonic() - t0
+    left = alive(sb.pids)
+    sb.shutdown()
+    return str(info.value), seconds, left
+
+
+def test_a_partition_that_does_not_exist_is_said_at_once(cluster: SlurmCluster, profile):
+    profile('c.SlurmEngineSetLauncher.queue = "nosuchpartition"')
+    message, seconds, left = _start_fails(4)
+    assert "Invalid partition name specified" in message and "\n" not in message  # sbatch's own words
+    assert seconds < 5 and left == []
+
+
+def test_more_cpus_than_the_cluster_has_is_said_with_slurms_reason(cluster: SlurmCluster):
+    message, seconds, left = _start_fails(2 * SLURM_CPUS)
+    assert re.fullmatch(r"Slurm job \d+ cannot start: PENDING \(PartitionConfig\), .*pgnb cancelled it", message)
+    assert seconds < 5 and left == []  # not the init timeout
+
+
+def test_a_pending_job_shows_its_id_state_and_reason_while_it_waits(cluster: SlurmCluster):
+    from pgnb.notebook.view import _header_html
+
+    blocker = cluster.run("sbatch", "--parsable", f"--ntasks={SLURM_CPUS}", "--wrap", "sleep 60").stdout.strip()
+    sb = pgnb.Sandbox(backend="gloo", world=4, launcher="slurm", timeout=60)
+    starting = threading.Thread(target=sb.start)
+    starting.start()
+    try:
+        seen, said = "", re.compile(r"Slurm job \d+: PENDING \((Resources|Priority)\)")  # just queued, no reason yet
+        deadline = time.monotonic() + 15
+        while not said.fullmatch(seen) and time.monotonic() < deadline:
+            snap = sb.snapshot()
+            seen = snap.waiting if snap.phase == "starting engines" else ""
+            time.sleep(0.1)
+        assert said.fullmatch(seen), seen
+        header = _header_html(sb.snapshot())
+        assert seen in header and re.search(r"\d+\.\d s</div>", header)  # and the time it has waited
+        cluster.run("scancel", blocker)  # the job runs once the CPUs are free, and the world comes up
+        starting.join(30)
+        assert [r.state for r in sb.status()] == ["initialized"] * 4
+        assert sb.snapshot().waiting == ""
+    finally:
+        cluster.run("scancel", blocker)
+        starting.join(30)
+        sb.shutdown()
+
+
+@pytest.mark.parametrize("how", ["scancel", pytest.param("timelimit", marks=pytest.mark.slow)])
+def test_a_job_ended_from_outside_marks_its_ranks_lost(cluster: SlurmCluster, profile, how: str):
+    """Cancelled by its user, or killed at its time limit (Slurm's shortest is a minute: a soak test)."""
+    profile('c.SlurmEngineSetLauncher.timelimit = "1"' if how == "timelimit" else "")
+    sb = pgnb.Sandbox(backend="gloo", world=4, launcher="slurm", timeout=60)
+    try:
+        sb.start()
+        (job,) = {f["job"] for f in sb.run(_facts)}
+        if how == "scancel":
+            cluster.run("scancel", job)
+        t0 = time.monotonic()  # the job's end: now, or when squeue first says it is no longer running
+        while len(dispatch_of(sb).lost_ranks()) < 4 and time.monotonic() - t0 < 90:
+            if how == "timelimit" and "RUNNING" in cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout:
+                t0 = time.monotonic()
+            time.sleep(0.05)
+        assert time.monotonic() - t0 < LOST_WITHIN
+        with pytest.raises(pgnb.PgnbError) as info:
+            sb.execute("print(1)")
+        message = str(info.value)
+        words = "was cancelled" if how == "scancel" else "reached its time limit"
+        assert f"Slurm job {job} {words}" in message and "\n" not in message
+    finally:
+        sb.shutdown()

@@ -25,8 +25,10 @@ from ..procs.processes import OWNER_ENV, ProcessKind, kill_all, owned_by_token, 
 from ..procs.reaper_handle import Reaper
 from ..rank import engine
 from ..spec import LOCAL_LAUNCHERS
+from . import batchjobs
 from .files import private_file
 from .liveness import STATUS_WAIT, describe_exit
+from .remote import is_local
 from .rendezvous import EngineInfo
 from .waiting import poll_until
 
@@ -243,6 +245,12 @@ class EnginePool:
         #: engines launched earlier that were dead already when the present wait for engines began
         self._dead_before: set[int] = set()
         self._schedulers: list[int] | None = None  # as the controller listed them
+        #: engines on other hosts, pid -> engine id: their pids mean nothing here, so pgnb signals them
+        #: through their nannies (the controller relays it), never by pid
+        self._remote: dict[int, int] = {}
+        #: what the start waits for in a batch system's queue ("Slurm job 12: PENDING (Resources)"), or ""
+        self.queued = ""
+        self._next_queue_look = 0.0
 
     # ---- start / attach -------------------------------------------------
     def connect(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
@@ -395,6 +403,8 @@ class EnginePool:
         self.state_file = write_state(profile_dir, str(self.cluster.cluster_id), self.reaper.token)
         self.reaper.own_cluster(self.state_file)
         private_file(str(self.cluster.cluster_file))
+        if self.launcher not in LOOPBACK_LAUNCHERS:  # engines elsewhere (ssh, slurm): only their launcher reaches them
+            self.reaper.own_launched(str(self.cluster.cluster_file))
 
     def _own_controller(self) -> None:
         proc = getattr(self.cluster.controller, "process", None)
@@ -422,8 +432,10 @@ class EnginePool:
             if k != last and progress:
                 progress(min(k, n), n)
             if k >= n:
+                self.queued = ""
                 return True
             self._check_launchers_alive(n)
+            self._check_batch_jobs()
             return False
 
         if poll_until(registered, 5.0 if self.attached else ENGINE_START_TIMEOUT):
@@ -476,6 +488,16 @@ class EnginePool:
                 + (f": {line}" if (line := _first_message(output)) else "")
             )
 
+    def _check_batch_jobs(self) -> None:
+        now = time.monotonic()
+        if self.cluster is not None and now >= self._next_queue_look:  # squeue is a process: not every look
+            self._next_queue_look = now + 0.5
+            self.queued = batchjobs.check_queue(self.cluster)
+
+    def ended_job(self) -> str | None:
+        """How the batch job of these engines ended, if it has ("Slurm job 12 was cancelled"); any thread."""
+        return batchjobs.ended_job(self.cluster) if self.cluster is not None else None
+
     # ---- facts about engines -----------------------------------------
     def exit_status(self, pid: int) -> int | None:
         """How engine ``pid`` ended, if its launcher knows (any thread: no Client, no event loop)."""
@@ -511,7 +533,9 @@ class EnginePool:
             infos.append(EngineInfo(engine_id=eid, pid=d["pid"], host=d["host"], addr=d["addr"],
                                     iface=d["iface"], launcher_rank=d["launcher_rank"],
                                     nanny_pid=d["nanny_pid"]))
-            if self.reaper and not self.attached:
+            if not is_local(infos[-1]):
+                self._remote[d["pid"]] = eid
+            elif self.reaper and not self.attached:
                 self.reaper.own(d["pid"])
                 if d["nanny_pid"]:
                     self.reaper.own(d["nanny_pid"])
@@ -596,8 +620,17 @@ class EnginePool:
         """SIGKILL engines that are stuck (a rank in a gloo wait ignores SIGINT)."""
         if self.attached:
             return
-        kill_all(pids, grace=0.0)
+        self._kill_remote([pid for pid in pids if pid in self._remote])
+        kill_all([pid for pid in pids if pid not in self._remote], grace=0.0)
         poll_until(lambda: not set(ids) & set(self.client.ids), timeout)
+
+    def _kill_remote(self, pids: list[int], client: Any = None) -> None:
+        """SIGKILL engines on other hosts (these pids of ``self._remote``) through their nannies, all at once."""
+        targets = [self._remote[pid] for pid in pids if pid in self._remote]
+        client = client or self.client
+        if targets and client is not None:
+            with contextlib.suppress(Exception):  # gone already: the launcher's stop still reaches the host
+                client.send_signal("SIGKILL", targets=targets, block=False).wait(2.0)
 
     def stop(self, engine_pids: list[int], grace: float = 1.0) -> None:
         """Stop what pgnb started: every engine at once, then the controller.
@@ -609,10 +642,11 @@ class EnginePool:
             if client is not None:
                 client.close()
             return
-        pids = list(engine_pids)
+        pids = [pid for pid in engine_pids if pid not in self._remote]
         if self.reaper is not None:
             pids += owned_by_token(self.reaper.token)
         if client is not None:
+            self._kill_remote(list(self._remote), client)
             client.close()
         kill_all(pids, grace=grace)  # all at once; ipyparallel would stop them one by one
         with _quiet():

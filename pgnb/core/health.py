@@ -54,8 +54,10 @@ class Health:
     """
 
     def __init__(self, announce: Callable[[str], None], rank_of: Callable[[int], int | None],
-                 exit_status: Callable[[int], int | None], respawn_reaper: Callable[[int], int | None]) -> None:
+                 exit_status: Callable[[int], int | None], respawn_reaper: Callable[[int], int | None],
+                 ended: Callable[[], str | None] = lambda: None) -> None:
         self._announce = announce
+        self._ended = ended  # how the batch job of the engines ended, if it did (a lost engine's cause then)
         self._rank_of = rank_of
         self._exit_status = exit_status
         self._respawn_reaper = respawn_reaper
@@ -211,7 +213,7 @@ class Health:
             zygote_death = self._dead_zygotes.get(zygote)
         if kind != "engine":
             return died_text(DEPENDENCIES[kind], status)
-        return zygote_death or describe_exit(status)
+        return zygote_death or self._ended() or describe_exit(status)
 
     def _on_death(self, pid: int, cause: str, status: int | None) -> None:
         """A process of this world died. Mark what it costs, repair what can be, tell the views."""

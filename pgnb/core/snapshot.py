@@ -48,6 +48,8 @@ class Snapshot:
     generation: int = 0
     #: what the init that made this world did that a user must know (``pgnb.core.text.resized_text``), or ""
     note: str = ""
+    #: what the start waits for outside pgnb: its batch job in the queue ("Slurm job 12: PENDING (Resources)"), or ""
+    waiting: str = ""
 
     @property
     def initialized(self) -> int:

@@ -312,7 +312,8 @@ class World:
         # the watcher's thread calls these: each reads the hosting once (the main thread may swap it)
         return Health(announce=lambda message: self._publish(message=message), rank_of=self._rank_of,
                       exit_status=lambda pid: h.exit_status(pid) if (h := self._hosting) else exit_status(pid),
-                      respawn_reaper=lambda pid: h.respawn_reaper(pid) if (h := self._hosting) else None)
+                      respawn_reaper=lambda pid: h.respawn_reaper(pid) if (h := self._hosting) else None,
+                      ended=lambda: h.pool.ended_job() if (h := self._hosting) else None)
 
     def _known(self) -> dict[int, EngineInfo]:
         return self._hosting.known if self._hosting is not None else {}
@@ -330,6 +331,8 @@ class World:
         if now >= self._next_look:
             self._next_look = now + 0.25
             self._watch_pool()
+        if (pool := self._pool) is not None and pool.queued != self._snapshot.waiting:  # a batch job in the queue
+            self._publish(waiting=pool.queued)
         self._health.check_start(self._zygotes_before, [e.pid for e in list(self._known().values())])
 
     def _forget_lost(self) -> None:
@@ -347,7 +350,8 @@ class World:
         spec = self.spec
         started = time.monotonic()
         self._set_rows(fresh_rows(self.spec, "starting"), phase="starting engines", message="",
-                       engines_up=0, started_at=started, spec=spec, generation=self._snapshot.generation + 1, note="")
+                       engines_up=0, started_at=started, spec=spec, generation=self._snapshot.generation + 1, note="",
+                       waiting="")
         # a zygote of before that dies now costs only its own engines (the lost-engine check sees those)
         self._zygotes_before = self._health.pids_of("zygote")
         try:
@@ -363,7 +367,7 @@ class World:
                 raise
             raise err from None
         rows = list(self._rank_rows("pending", spec.world))
-        self._set_rows(rows, phase="rendezvous")
+        self._set_rows(rows, phase="rendezvous", waiting="")
         self._step = Step.RENDEZVOUS
         try:
             self._meet(rows)

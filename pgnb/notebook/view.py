@@ -365,6 +365,8 @@ def _header_html(snap: Snapshot, frozen: bool = False) -> str:
     engines = ""
     if snap.phase == "starting engines":
         engines = f" &middot; engines {snap.engines_up}/{spec.world} up"
+        if snap.waiting:  # its batch job in the queue: the job id, its state and Slurm's reason
+            engines += f" &middot; <span class='pgnb-waiting'>{html.escape(snap.waiting)}</span>"
     init = spec.init_method if "://" in spec.init_method else f"{spec.init_method}://"
     return (
         "<div style='font-family:var(--jp-ui-font-family,sans-serif)'>"

@@ -32,6 +32,11 @@ from .forklauncher import zygote_command
 #: Job states after which the job runs no more (squeue's long names).
 ENDED_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
                           "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"})
+#: How an ended job reads in a lost rank's cause ("Slurm job 12 was cancelled").
+ENDED_WORDS = {"CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit", "NODE_FAIL": "lost its node",
+               "PREEMPTED": "was preempted", "OUT_OF_MEMORY": "ran out of memory", "COMPLETED": "ended",
+               "FAILED": "failed", "DEADLINE": "reached its deadline", "BOOT_FAIL": "failed to boot its node",
+               "COMPLETING": "is ending (COMPLETING)"}
 #: Pending reasons that the job's own request causes: it will wait forever for what the cluster has not got.
 HOPELESS_REASONS = frozenset({"BadConstraints", "InvalidAccount", "InvalidQOS", "PartitionConfig",
                               "PartitionNodeLimit", "PartitionTimeLimit", "QOSMaxCpuPerJobLimit",
