@@ -172,3 +172,35 @@ def test_ssh_world_across_two_hosts_and_kernel_kill(ssh_hosts, tmp_path):
     gone = time.monotonic() - t1
     print(f"ssh world of 4 up in {started:.1f} s; hosts empty {gone:.1f} s after SIGKILL")
     assert left == {ns: [] for ns in sshd}, f"left running on the test hosts after the kernel's SIGKILL: {left}"
+
+
+def test_reaper_kills_ssh_engines_through_their_launcher(ssh_hosts, tmp_path, monkeypatch):
+    """What the reaper does for engines on other hosts, whose pids and tokens this machine cannot see:
+    ``kill_launched`` (run as the reaper runs it, in a process of its own) reaches them through ssh."""
+    import pgnb
+
+    ipython_dir = tmp_path / "ipython"
+    (ipython_dir / "profile_default").mkdir(parents=True)
+    (ipython_dir / "profile_default" / "ipcluster_config.py").write_text(
+        ssh_profile(NETWORK.host_addr, str(ssh_hosts["dir"] / "ssh_config"), sys.executable)
+    )
+    monkeypatch.setenv("IPYTHONDIR", str(ipython_dir))
+    sshd = ssh_hosts["sshd"]
+    sb = pgnb.Sandbox(launcher="ssh", world=4, timeout=60)
+    try:
+        sb.start()
+        assert sorted(r.host for r in sb.status()) == ["host2", "host2", "host3", "host3"]
+        hosting = sb._world.hosting
+        assert hosting is not None
+        cluster_file = str(hosting.pool.cluster.cluster_file)
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-c", "import sys; from pgnb.procs.reaper import kill_launched; "
+                        "kill_launched(sys.argv[1])", cluster_file], check=True, timeout=60)
+        took = time.monotonic() - t0
+        left = wait_hosts_empty(sshd, timeout=10)
+        print(f"kill_launched took {took:.1f} s; hosts empty {time.monotonic() - t0:.1f} s after it began")
+        assert left == {ns: [] for ns in sshd}, f"left running on the test hosts: {left}"
+    finally:
+        t1 = time.monotonic()
+        sb.shutdown()
+        print(f"shutdown {time.monotonic() - t1:.1f} s")

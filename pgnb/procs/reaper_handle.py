@@ -6,7 +6,7 @@ sessions and never watches its parent, so a kernel killed with SIGKILL
 (nbval does that) would leave them running. pgnb starts one small reaper
 process per world, in its own session, connected to the owner by a pipe.
 The owner tells it what it owns (``Reaper.own``, ``own_path``,
-``own_cluster``); when the pipe closes without a ``release`` (or the owner
+``own_cluster``, ``own_launched``); when the pipe closes without a ``release`` (or the owner
 pid is gone) the reaper kills exactly those processes and removes pgnb's
 files, then exits (:mod:`pgnb.procs.reaper`).
 
@@ -117,6 +117,10 @@ class Reaper:
     def own_cluster(self, state_path: str) -> None:
         """Remove this cluster's files (see ``cluster_files``) after killing its processes."""
         self._send(f"cluster {state_path}")
+
+    def own_launched(self, cluster_file: str) -> None:
+        """Kill the engines of this ipyparallel cluster file through their launchers (other hosts' engines)."""
+        self._send(f"launched {cluster_file}")
 
     def release(self) -> None:
         """The owner cleaned up itself: the reaper exits without killing anything."""
