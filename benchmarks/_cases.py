@@ -19,6 +19,8 @@ Cases (see ``CASES``):
   ``%%px --stream``, a trivial cell vs ``%%px``, a compute-only loop watched vs not.
 - ``world_marker``: ``@pytest.mark.world(4)`` tests on a warm world: a trivial test's time, a hang's cost, and
   the test after it (``benchmarks/world_marker.py``).
+- ``slurm_cold``: ``%pg_init --launcher slurm --world 4`` beside ``--launcher fork`` on the tests' one-node Slurm
+  cluster, interleaved (``benchmarks/slurm_cold.py``; skipped, in one line, where no cluster can be started).
 - ``torch_suite``: benchmarks/dist_suite (torch ``MultiProcessTestCase`` tests) under plain pytest
   (torch spawns processes per test) and under ``pytest --pgnb-torch`` (``benchmarks/torch_suite.py``).
 """
@@ -42,6 +44,7 @@ if __package__ in (None, ""):  # `python benchmarks/_cases.py`: make `benchmarks
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import baselines
+from benchmarks.slurm_cold import slurm_cold
 from benchmarks.torch_suite import torch_suite
 from benchmarks.world_marker import world_marker
 
@@ -542,6 +545,7 @@ CASES: dict[str, Callable[..., dict[str, Any]]] = {
     "live": live,
     "torch_suite": torch_suite,
     "world_marker": world_marker,
+    "slurm_cold": slurm_cold,
 }
 
 
