@@ -25,7 +25,6 @@ from ..procs.processes import OWNER_ENV, ProcessKind, kill_all, owned_by_token, 
 from ..procs.reaper_handle import Reaper
 from ..rank import engine
 from ..spec import LOCAL_LAUNCHERS
-from . import batchjobs
 from .files import private_file
 from .liveness import STATUS_WAIT, describe_exit
 from .remote import is_local
@@ -248,9 +247,6 @@ class EnginePool:
         #: engines on other hosts, pid -> engine id: their pids mean nothing here, so pgnb signals them
         #: through their nannies (the controller relays it), never by pid
         self._remote: dict[int, int] = {}
-        #: what the start waits for in a batch system's queue ("Slurm job 12: PENDING (Resources)"), or ""
-        self.queued = ""
-        self._next_queue_look = 0.0
 
     # ---- start / attach -------------------------------------------------
     def connect(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
@@ -432,10 +428,8 @@ class EnginePool:
             if k != last and progress:
                 progress(min(k, n), n)
             if k >= n:
-                self.queued = ""
                 return True
             self._check_launchers_alive(n)
-            self._check_batch_jobs()
             return False
 
         if poll_until(registered, 5.0 if self.attached else ENGINE_START_TIMEOUT):
@@ -487,16 +481,6 @@ class EnginePool:
                 f"the {self.launcher!r} launcher's engines exited before registering"
                 + (f": {line}" if (line := _first_message(output)) else "")
             )
-
-    def _check_batch_jobs(self) -> None:
-        now = time.monotonic()
-        if self.cluster is not None and now >= self._next_queue_look:  # squeue is a process: not every look
-            self._next_queue_look = now + 0.5
-            self.queued = batchjobs.check_queue(self.cluster)
-
-    def ended_job(self) -> str | None:
-        """How the batch job of these engines ended, if it has ("Slurm job 12 was cancelled"); any thread."""
-        return batchjobs.ended_job(self.cluster) if self.cluster is not None else None
 
     # ---- facts about engines -----------------------------------------
     def exit_status(self, pid: int) -> int | None:
@@ -624,13 +608,12 @@ class EnginePool:
         kill_all([pid for pid in pids if pid not in self._remote], grace=0.0)
         poll_until(lambda: not set(ids) & set(self.client.ids), timeout)
 
-    def _kill_remote(self, pids: list[int], client: Any = None) -> None:
+    def _kill_remote(self, pids: list[int]) -> None:
         """SIGKILL engines on other hosts (these pids of ``self._remote``) through their nannies, all at once."""
         targets = [self._remote[pid] for pid in pids if pid in self._remote]
-        client = client or self.client
-        if targets and client is not None:
-            with contextlib.suppress(Exception):  # gone already: the launcher's stop still reaches the host
-                client.send_signal("SIGKILL", targets=targets, block=False).wait(2.0)
+        if targets and self.client is not None:
+            with contextlib.suppress(Exception):  # gone already: nothing to kill
+                self.client.send_signal("SIGKILL", targets=targets, block=False).wait(2.0)
 
     def stop(self, engine_pids: list[int], grace: float = 1.0) -> None:
         """Stop what pgnb started: every engine at once, then the controller.
@@ -642,11 +625,10 @@ class EnginePool:
             if client is not None:
                 client.close()
             return
-        pids = [pid for pid in engine_pids if pid not in self._remote]
+        pids = [pid for pid in engine_pids if pid not in self._remote]  # the launcher stops those below
         if self.reaper is not None:
             pids += owned_by_token(self.reaper.token)
         if client is not None:
-            self._kill_remote(list(self._remote), client)
             client.close()
         kill_all(pids, grace=grace)  # all at once; ipyparallel would stop them one by one
         with _quiet():
