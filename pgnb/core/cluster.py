@@ -25,6 +25,7 @@ from ..procs.processes import OWNER_ENV, ProcessKind, kill_all, owned_by_token, 
 from ..procs.reaper_handle import Reaper
 from ..rank import engine
 from ..spec import LOCAL_LAUNCHERS
+from . import batchjobs
 from .files import private_file
 from .liveness import STATUS_WAIT, describe_exit
 from .remote import is_local
@@ -247,6 +248,9 @@ class EnginePool:
         #: engines on other hosts, pid -> engine id: their pids mean nothing here, so pgnb signals them
         #: through their nannies (the controller relays it), never by pid
         self._remote: dict[int, int] = {}
+        #: what the start waits for in a batch system's queue ("Slurm job 12: PENDING (Resources)"), or ""
+        self.queued = ""
+        self._next_queue_look = 0.0
 
     # ---- start / attach -------------------------------------------------
     def connect(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
@@ -428,8 +432,10 @@ class EnginePool:
             if k != last and progress:
                 progress(min(k, n), n)
             if k >= n:
+                self.queued = ""
                 return True
             self._check_launchers_alive(n)
+            self._check_batch_jobs()
             return False
 
         if poll_until(registered, 5.0 if self.attached else ENGINE_START_TIMEOUT):
@@ -481,6 +487,16 @@ class EnginePool:
                 f"the {self.launcher!r} launcher's engines exited before registering"
                 + (f": {line}" if (line := _first_message(output)) else "")
             )
+
+    def _check_batch_jobs(self) -> None:
+        now = time.monotonic()
+        if self.cluster is not None and now >= self._next_queue_look:  # squeue is a process: not every look
+            self._next_queue_look = now + 0.5
+            self.queued = batchjobs.check_queue(self.cluster)
+
+    def ended_job(self) -> str | None:
+        """How the batch job of these engines ended, if it has ("Slurm job 12 was cancelled"); any thread."""
+        return batchjobs.ended_job(self.cluster) if self.cluster is not None else None
 
     # ---- facts about engines -----------------------------------------
     def exit_status(self, pid: int) -> int | None:
