@@ -163,7 +163,8 @@ def test_more_cpus_than_the_cluster_has_is_said_with_slurms_reason(cluster: Slur
 def test_a_pending_job_shows_its_id_state_and_reason_while_it_waits(cluster: SlurmCluster):
     from pgnb.notebook.view import _header_html
 
-    blocker = cluster.run("sbatch", "--parsable", f"--ntasks={SLURM_CPUS}", "--wrap", "sleep 60").stdout.strip()
+    blocker = cluster.run("sbatch", "--parsable", f"--ntasks={SLURM_CPUS}", "--output=/dev/null",
+                          "--wrap", "sleep 60").stdout.strip()
     sb = pgnb.Sandbox(backend="gloo", world=4, launcher="slurm", timeout=60)
     starting = threading.Thread(target=sb.start)
     starting.start()

@@ -60,6 +60,11 @@ class SlurmForkEngineSetLauncher(SlurmEngineSetLauncher):  # type: ignore[misc] 
     leave_queue_timeout = Float(10, config=True, help="Seconds stop() waits for the job to leave the queue.")
     batch_file_name = Unicode("slurm_engine.sbatch", config=True, help="batch file name for the engine(s) job.")
 
+    def __init__(self, work_dir: str = ".", config: Any = None, **kwargs: Any) -> None:
+        super().__init__(work_dir=work_dir, config=config, **kwargs)
+        # the batch script beside the engines' logs, not in the notebook's folder
+        self.batch_file = os.path.join(self.profile_dir, "log", f"{self.identifier}-{self.batch_file_name}")
+
     @default("default_template")
     def _default_template(self) -> str:
         # the job's layout, for the zygotes (a step's own SLURM_TASKS_PER_NODE is the step's)
