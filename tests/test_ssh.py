@@ -204,3 +204,9 @@ def test_reaper_kills_ssh_engines_through_their_launcher(ssh_hosts, tmp_path, mo
         t1 = time.monotonic()
         sb.shutdown()
         print(f"shutdown {time.monotonic() - t1:.1f} s")
+
+
+def test_docs_show_the_profile_this_test_runs():
+    docs = open(os.path.join(os.path.dirname(__file__), "..", "docs", "scaling_out.md")).read()
+    shown = ssh_profile("198.18.0.1", "/home/me/.ssh/pgnb_config", "/opt/venv/bin/python")
+    assert shown in docs, shown
