@@ -29,6 +29,8 @@ from .._wire import DebugArgs
 
 #: The last failed cell's exception on this rank (its traceback holds the frames), until the next cell.
 _FAILURE: dict[str, BaseException] = {}
+#: "wanted" (an Event) and the "thread" that collects garbage when it is set (``_collect_soon``)
+_COLLECTOR: dict[str, Any] = {}
 SKIPPED = "breakpoint skipped on rank {rank}: {why}"
 NO_FAILURE = "rank {rank} has no failed cell to debug (its last %%pg cell raised nothing, or a newer cell ran)"
 
@@ -132,7 +134,7 @@ def install(args: DebugArgs | None, rank: int) -> dict[str, Any]:
     _CELL["args"] = args
     sys.breakpointhook = stop
     pdb.set_trace = stop
-    _FAILURE.clear()  # a new cell: the last failure's frames go
+    _forget_failure()  # a new cell: the last failure's frames go
     return saved
 
 
@@ -153,6 +155,51 @@ def uninstall(saved: dict[str, Any]) -> None:
 
 def keep_failure(exc: BaseException) -> None:
     _FAILURE["exc"] = exc
+
+
+def _forget_failure() -> None:
+    """The last failed cell's frames go, and what they held: a DataLoader iterator keeps its worker
+    processes until it is freed. IPython keeps the traceback too (``sys.last_*``, ``InteractiveTB.tb``
+    and its last run's result), and a raised exception's frames are a cycle that only the collector
+    frees: drop them all, after a failure only."""
+    exc = _FAILURE.pop("exc", None)
+    if exc is None:
+        return
+    if getattr(sys, "last_value", None) is exc:
+        for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+            if hasattr(sys, name):
+                delattr(sys, name)
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    formatter = getattr(shell, "InteractiveTB", None)
+    if formatter is not None:
+        formatter.tb = None
+    if getattr(getattr(shell, "last_execution_result", None), "error_in_exec", None) is exc:
+        shell.last_execution_result = None
+    del exc
+    _collect_soon()
+
+
+def _collect_soon() -> None:
+    """``gc.collect()`` in a thread of pgnb's, not the cell's: an errored DataLoader iterator's shutdown waits
+    5 s for each worker (torch's join timeout). One thread, so that no collection asked for is skipped (a
+    ``gc.collect()`` while another runs returns at once)."""
+    import threading
+
+    if "thread" not in _COLLECTOR:
+        import gc
+
+        wanted = _COLLECTOR["wanted"] = threading.Event()
+
+        def collect() -> None:
+            while wanted.wait():
+                wanted.clear()
+                gc.collect()
+
+        _COLLECTOR["thread"] = threading.Thread(target=collect, name="pgnb-collector", daemon=True)
+        _COLLECTOR["thread"].start()
+    _COLLECTOR["wanted"].set()
 
 
 def post_mortem(args: DebugArgs | None, rank: int) -> str:
