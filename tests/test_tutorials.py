@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from conftest import GONE_WITHIN, alive
+from conftest import GONE_WITHIN, alive, wait_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.kernel]
 
@@ -184,6 +184,30 @@ def test_a_second_init_and_sys_exit_say_so_in_one_line_and_the_engines_live_on(k
     assert kernel.execute("%pg_init --backend gloo --world 2").status == "ok"
 
 
+def test_a_dataloader_workers_error_names_no_file_of_this_machine_and_its_workers_go(kernel):
+    cell = ("from torch.utils.data import DataLoader, Dataset\n"
+            "class Broken(Dataset):\n"
+            "    def __len__(self):\n"
+            "        return 4\n"
+            "    def __getitem__(self, i):\n"
+            "        return 1 / 0\n"
+            "next(iter(DataLoader(Broken(), num_workers=2)))\n")
+    ex = kernel.execute("%%pg --ranks 0 --timeout 60\n" + cell)
+    assert ex.error["evalue"] == ("rank 0 raised ZeroDivisionError: Caught ZeroDivisionError in DataLoader worker "
+                                  "process 0.")
+    stderr = ex.error["stderr"]
+    assert not ABSOLUTE_PATH.search(ex.text()), ex.text()
+    assert '  File "torch/utils/data/_utils/worker.py", line ' in stderr, stderr  # the worker's own traceback
+    assert '  File "Cell", line 6, in __getitem__\n' in stderr, stderr
+    # the failed cell's frames hold the iterator, so its workers, for %pg_debug; the next cell lets them go (at
+    # once: torch's shutdown of an errored iterator waits 5 s for each worker, then terminates it, as in a script)
+    assert len(_workers(engine_pids(kernel))) >= 2
+    t0 = time.monotonic()
+    assert pg(kernel, "x = 1") == ("", None)
+    assert time.monotonic() - t0 < 2
+    assert wait_gone(_workers(engine_pids(kernel)), timeout=15.0) == []
+
+
 def _workers(pids: list[int]) -> list[int]:
     """The processes the engines ``pids`` forked (a DataLoader's workers), still running."""
     found = []
@@ -196,8 +220,6 @@ def _workers(pids: list[int]) -> list[int]:
 
 
 def test_a_dataloaders_workers_train_and_go_away_and_a_killed_kernel_leaves_none(kernel):
-    from conftest import wait_gone
-
     pids = engine_pids(kernel)
     out, err = pg(kernel, DATALOADER)
     assert err is None, out
