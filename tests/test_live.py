@@ -20,6 +20,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from pgnb.core.cells import CellHooks, CellOptions
 from pgnb.core.live import LiveState, OutputEvent, RankProgress
+from pgnb.core.results import CellResult, RankOutput
 from pgnb.core.terminal import Lane, settle
 from pgnb.notebook.live import STATE_COLOURS, LiveView
 
@@ -81,12 +82,14 @@ def test_the_live_view_is_a_widget_per_lane_and_an_update_sends_only_what_change
         return send(self, msg, buffers)
 
     monkeypatch.setattr(W.Widget, "_send", spy)
-    view = LiveView([0, 1])
-    title = view.children[0]
-    assert view.children == (title,)  # no lanes before the first update: a quick cell opens two comms
+    shown = []
+    view = LiveView([0, 1], show=lambda obj, **kw: shown.append(obj))
+    assert view.box is None and not shown  # nothing drawn before the first update: a quick cell opens no comm
     running = [RankProgress(0, "running", 0.5), RankProgress(1, "running", 0.5)]
     view.update([OutputEvent(0, "stdout", "hello\n")], running)
-    grid = view.children[1]
+    assert shown == [view.box] and repr(view.box) == "pgnb: live output of ranks 0, 1 while the cell ran " \
+        "(the grouped output follows)"
+    title, grid = view.box.children
     lanes = grid.children
     assert grid._dom_classes == ("pgnb-lanes",)
     assert [lane._dom_classes for lane in lanes] == [("pgnb-lane", "pgnb-lane-0"), ("pgnb-lane", "pgnb-lane-1")]
@@ -101,8 +104,28 @@ def test_the_live_view_is_a_widget_per_lane_and_an_update_sends_only_what_change
     assert len(changed) == 1 and "failed (ValueError)" in changed[0], changed  # rank 1's state line only
     parts = [grid, *(w for lane in lanes for w in (lane, *lane.children))]
     view.finish(None)
-    assert view.children == (title,) and "stopped" in title.value
+    assert view.box.children == (title,) and "stopped" in title.value
     assert all(w.comm is None for w in parts)  # the grid's widgets are closed, not left in the kernel
+    assert len(shown) == 1  # drawn once
+
+
+def test_a_quick_cell_shows_the_live_views_line_without_a_widget(monkeypatch):
+    """A cell that ends before the first update: no widget, the same text/plain a drawn view keeps."""
+    InteractiveShell.instance()
+    made = []
+    init = W.Widget.__init__
+    monkeypatch.setattr(W.Widget, "__init__", lambda self, **kw: (made.append(type(self).__name__), init(self, **kw)))
+    shown = []
+    view = LiveView([0, 1, 2], show=lambda obj, **kw: shown.append((obj, kw)))
+    view.update([OutputEvent(0, "stdout", "hi\n")], [RankProgress(r, "finished", 0.01) for r in range(3)])
+    view.finish(CellResult([RankOutput(r) for r in range(3)], world=3))
+    assert made == [] and view.box is None
+    assert shown == [({"text/plain": "pgnb: live output of ranks 0-2 while the cell ran (the grouped output follows)"},
+                      {"raw": True})]
+    refused = LiveView([0], show=lambda obj, **kw: shown.append(obj))
+    refused.finish(None)  # the cell never ran (a busy or lost rank refused it): nothing at all
+    assert len(shown) == 1
+
 
 # ---- the stream, from Python -----------------------------------------------------------------
 @pytest.mark.integration

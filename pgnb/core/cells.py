@@ -40,6 +40,7 @@ from .dispatch import Dispatch
 from .live import CallbackSink, LiveCell, LiveSink, OutputFn
 from .remote import ENGINE_DIED, ename, is_local, outcome
 from .results import CellInterrupted, CellResult, RankOutput, RankValue
+from .sending import send, sent_back
 from .stacks import Stack, dump_stacks
 from .trace import Trace
 
@@ -126,11 +127,9 @@ def run_cell(world: Dispatch, code: str, options: CellOptions = DEFAULT_OPTIONS,
     def until() -> float | None:  # time at a debugger prompt is not the cell's
         return None if deadline is None else deadline + (server.waited if server is not None else 0.0)
 
-    try:
-        for r, e in pairs:  # an interrupt even while submitting reaches the ranks already started
-            trace = None if recording is None else recording.engine_args(r)
-            ars.append((r, client[e].apply_async(rank_cell.run_cell, code, label, stack_dir, trace=trace,
-                                                 debug=debug)))
+    per_rank = None if recording is None else (lambda r: {"trace": recording.engine_args(r)})
+    try:  # an interrupt even while submitting reaches the ranks already started (``ars`` grows in place)
+        ars.extend(send(client, pairs, rank_cell.run_cell, code, label, stack_dir, debug=debug, per_rank=per_rank))
         watch = None if hooks.output is None else LiveCell(world, ars, hooks.output, code)
         # also stops soon after a rank's engine dies
         lost = world.wait_ranks(ars, until, tick=tick if (watch or server) else None)
@@ -208,16 +207,12 @@ def _collect(rank: int, ar: Any, stack: Stack | None) -> RankOutput:
             out.ename, out.evalue = str(reply.get("ename", "")), str(reply.get("evalue", ""))
             out.traceback = list(reply.get("traceback") or [])
             out.before_exec = bool(reply.get("before_exec"))
-        er = _metadata(ar, "execute_result")
+        er = sent_back(ar, "execute_result")
         if er:
             out.result = dict(er.get("data", {}))
             out.value = _unpack_value(rank, reply.get("value"), out.value_text or "")
-        out.outputs = [dict(o.get("data", {})) for o in _metadata(ar, "outputs") or []]
+        out.outputs = [dict(o.get("data", {})) for o in sent_back(ar, "outputs") or []]
     return out
-
-
-def _metadata(ar: Any, key: str) -> Any:
-    return getattr(ar, key, None)  # a one-engine AsyncResult exposes its metadata as attributes
 
 
 def _unpack_value(rank: int, packed: Any, text: str) -> Any:
@@ -236,7 +231,7 @@ def _streams(ar: Any) -> tuple[str, str]:
     if ar.ready():
         with contextlib.suppress(Exception):  # streams are best effort once the task is done
             ar.wait_for_output(timeout=1)
-    stdout, stderr = ar.stdout, ar.stderr
+    stdout, stderr = sent_back(ar, "stdout"), sent_back(ar, "stderr")
     if isinstance(stdout, list):
         stdout = "".join(s or "" for s in stdout)
     if isinstance(stderr, list):

@@ -23,6 +23,7 @@ from .liveness import PERIOD, STATUS_WAIT
 from .remote import died, error_line, is_local
 from .rendezvous import EngineInfo
 from .rendezvous_run import LOST_GRACE
+from .sending import send
 from .snapshot import Snapshot
 from .stacks import NO_CELL_CODE, dump_stacks
 from .text import lost_text, ranks_text
@@ -215,7 +216,7 @@ class Dispatcher:
         """
         pairs = self.engines_for(ranks)
         client = self.client
-        ars = [(r, client[e].apply_async(fn, *args, **kwargs)) for r, e in pairs]
+        ars = list(send(client, pairs, fn, *args, **kwargs))
         lost = self.wait_ranks(ars, None if timeout is None else time.monotonic() + timeout)
         results: list[Any] = []
         failures: list[tuple[int, Exception]] = []

@@ -25,6 +25,7 @@ from .files import OwnedDir
 from .health import Health
 from .remote import error_line
 from .rendezvous import STORE_FILE, EngineInfo
+from .sending import send
 
 _log = logging.getLogger("pgnb")
 
@@ -128,8 +129,9 @@ class Hosting:
         if client is None:
             return []
         alive = set(self.pool.ids())
-        ars = [client[e.engine_id].apply_async(engine.destroy, clear) for e in ranks
-               if e.engine_id in alive and health.lost_cause(e.pid) is None]
+        ars = [ar for _, ar in send(client, [(i, e.engine_id) for i, e in enumerate(ranks)
+                                             if e.engine_id in alive and health.lost_cause(e.pid) is None],
+                                    engine.destroy, clear)]
         deadline = time.monotonic() + timeout
         errors = []
         for ar in ars:

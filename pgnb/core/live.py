@@ -28,6 +28,7 @@ from typing import Any, Literal, Protocol
 
 from .dispatch import Dispatch
 from .remote import ename, outcome
+from .sending import sent_back
 from .stacks import ASKED, dump_stacks
 
 #: At most this many updates reach a sink per second (a print loop cannot flood the browser).
@@ -139,12 +140,12 @@ class LiveCell:
         for r, ar in self.ars:
             seen = self._seen[r]
             for name in ("stdout", "stderr"):
-                text = _text(getattr(ar, name, ""))
+                text = _text(sent_back(ar, name))
                 delta = _since(getattr(seen, name), text)
                 if delta:
                     out.append(OutputEvent(r, name, delta))
                     setattr(seen, name, text)
-            outputs = list(getattr(ar, "outputs", None) or [])
+            outputs = list(sent_back(ar, "outputs") or [])
             for o in outputs[seen.outputs:]:
                 out.append(OutputEvent(r, "display", dict(o.get("data", {}))))
             seen.outputs = max(seen.outputs, len(outputs))

@@ -19,6 +19,7 @@ from .busy import Busy
 from .remote import error_line, outcome
 from .rendezvous import EngineInfo
 from .rendezvous_run import shown_backend
+from .sending import send
 from .snapshot import RankStatus
 
 
@@ -29,8 +30,8 @@ def ask_ranks(spec: WorldSpec, client: Any, infos: list[EngineInfo], rows: list[
     # a rank still running earlier work would answer only after it: say so instead of asking
     # (as long as asking it would take: a cell that ends meanwhile, e.g. after a lost peer, is not busy)
     busy_ranks = set(busy.still_running(range(len(infos)), [e.engine_id for e in infos], client, settle=timeout))
-    ars = {r: client[e.engine_id].apply_async(engine.rank_status)
-           for r, e in enumerate(infos) if e.engine_id in alive and r not in lost and r not in busy_ranks}
+    ars = dict(send(client, [(r, e.engine_id) for r, e in enumerate(infos)
+                             if e.engine_id in alive and r not in lost and r not in busy_ranks], engine.rank_status))
     deadline = time.monotonic() + timeout
     rows = list(rows)
     for r in range(len(infos)):

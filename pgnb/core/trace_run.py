@@ -28,6 +28,7 @@ from typing import Any
 from .._wire import TraceArgs, TraceRecord
 from ..rank import trace as rank_trace
 from .dispatch import Dispatch
+from .sending import send
 from .trace import Call, ClockOffset, Trace, calls_from_records
 
 #: Round trips per rank when measuring its clock offset (the shortest one is used).
@@ -53,7 +54,7 @@ def measure_offsets(world: Dispatch, ranks: Iterable[int] | None = None,
     alive = dict(pairs)
     for _ in range(samples):
         t0 = time.time()
-        asked = [(r, world.client[e].apply_async(rank_trace.clock)) for r, e in alive.items()]
+        asked = list(send(world.client, alive.items(), rank_trace.clock))
         for r, ar in asked:
             try:
                 theirs = float(ar.get(timeout=OFFSET_TIMEOUT))

@@ -1,26 +1,32 @@
 """The live area under a running ``%%pg`` cell.
 
-``LiveView`` is a box of ipywidgets: a title line, then a grid of a lane per rank with
+``LiveView`` draws a box of ipywidgets: a title line, then a grid of a lane per rank with
 what the rank printed so far (``\\r`` redraws its line, so a progress bar is
 one updating line) and its state (running with elapsed time, waiting in a
 collective, finished, failed, lost). Each lane's state line, text and displays
 are widgets of their own, so an update sends only the parts that changed: a
-rank's elapsed time, not every rank's text again. The lanes are made at the
-first update, so a cell that ends before it (most quick cells) opens two comms,
-not three per rank and the grid. Updates are widget state changes, which nbval ignores; the
-view's ``text/plain`` is one line fixed when it is displayed, the same on every
-run and in a saved notebook. When the cell ends the view collapses to its title,
-a one-line summary, and the grouped output below it is what the notebook keeps.
-(A terminal IPython gets ``pgnb.core.terminal.TerminalSink`` instead.)
+rank's elapsed time, not every rank's text again.
+
+Nothing is drawn until there is something to see: the box appears at the first
+live update, which ``pgnb.core.live.LiveCell`` sends once the cell has run a
+tenth of a second. A cell that ends before that (most quick cells) opens no
+comm at all: its view is one plain line. Either way the notebook keeps the same
+output, the view's ``text/plain`` line (``live_text``: fixed, the same on every
+run; nbval ignores the widget's model), then the grouped output. Updates are
+widget state changes, which nbval ignores too. When the cell ends the box
+collapses to its title, a one-line summary. (A terminal IPython gets
+``pgnb.core.terminal.TerminalSink`` instead.)
 """
 
 from __future__ import annotations
 
 import html
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import ipywidgets as W
+from IPython.display import display
 from ipywidgets.widgets.widget_string import HTMLStyle
 
 from ..core.live import LiveState, OutputEvent, RankProgress
@@ -148,17 +154,35 @@ def _display_html(bundle: dict[str, Any]) -> str:
     return f"<pre style='{_PRE}'>{html.escape(str(bundle.get('text/plain', '')))}</pre>"
 
 
-class LiveView(W.VBox):  # type: ignore[misc]  # ipywidgets is untyped
-    """Every rank of a running cell, as it runs: a title, then a grid of a lane per rank (made at the first update)."""
+class _Box(W.VBox):  # type: ignore[misc]  # ipywidgets is untyped
+    """The drawn view; its text form is the view's fixed line, not ipywidgets' repr (which changes as it runs)."""
 
-    def __init__(self, ranks: list[int], label: str = "%%pg") -> None:
+    def __init__(self, children: list[W.Widget], text: str) -> None:
+        self._text = text
+        super().__init__(children, layout=_shared("plain"), _dom_classes=("pgnb-live",))
+
+    def __repr__(self) -> str:
+        return self._text
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = dict(super()._repr_mimebundle_(**kwargs) or {})
+        bundle["text/plain"] = self._text
+        return bundle
+
+
+class LiveView:
+    """Every rank of a running cell, as it runs: a ``LiveSink`` that shows itself (``show``, IPython's
+    ``display`` by default) at its first update, as a title and then a grid of a lane per rank."""
+
+    def __init__(self, ranks: list[int], label: str = "%%pg", show: Callable[..., Any] = display) -> None:
         self._ranks = list(ranks)
         self._label = label
+        self._show = show
         self._started = time.monotonic()
         self._lanes = {r: _RankLane(r) for r in self._ranks}
-        self._title = _html(self._title_html("running", ""), "plain")
+        self.box: W.VBox | None = None  # the widgets, once drawn: the title, then the grid
+        self._title: W.HTML | None = None
         self._grid: W.GridBox | None = None
-        super().__init__([self._title], layout=_shared("plain"), _dom_classes=("pgnb-live",))
 
     def _title_html(self, phase: str, detail: str) -> str:
         return (f"<div class='pgnb-live-title' style='font-family:var(--jp-ui-font-family,sans-serif)'><b>pgnb</b> "
@@ -174,35 +198,40 @@ class LiveView(W.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         if not running:
             return  # the cell has ended: finish() draws the last picture, once
         progress = {p.rank: p for p in ranks}
-        detail = f" · {time.monotonic() - self._started:.1f} s · {running} running"
+        title = self._title_html("running", f" · {time.monotonic() - self._started:.1f} s · {running} running")
         # each part that changed sends one message, a part that did not sends nothing; no widget changes
         # twice in an update, so there is nothing for hold_sync to merge (and holding every part would cost
         # more than the update: ipywidgets reads each held widget's whole state when the hold ends)
-        _set(self._title, self._title_html("running", detail))
+        if self._title is None:
+            self._title = _html(title, "plain")
+        else:
+            _set(self._title, title)
         boxes = [lane.draw(progress.get(r)) for r, lane in self._lanes.items()]
-        if self._grid is None:  # the first update: the grid of lanes joins the title
+        if self._grid is None:  # the first update draws the whole view, once
             self._grid = W.GridBox(boxes, layout=_shared("grid"), _dom_classes=("pgnb-lanes",))
-            self.children = [self._title, self._grid]
+            self.box = _Box([self._title, self._grid], live_text(self._ranks))
+            self._show(self.box)
 
     def finish(self, result: CellResult | None) -> None:
-        """Collapse to one line: how the cell ended on each rank (the grouped output below has the rest)."""
+        """Collapse to one line: how the cell ended on each rank (the grouped output below has the rest).
+
+        A view never drawn shows its plain line (what a drawn one keeps), unless the cell never ran (None).
+        """
+        if self.box is None or self._title is None or self._grid is None:
+            if result is not None:
+                self._show({"text/plain": live_text(self._ranks)}, raw=True)
+            self._lanes.clear()
+            return
         summary = _summary(result) if result is not None else "stopped"
         _set(self._title, self._title_html(summary, f" · {time.monotonic() - self._started:.1f} s"))
-        if self._grid is not None:
-            self.children = [self._title]
-            self._grid.close()
+        self.box.children = [self._title]
+        self._grid.close()
         for lane in self._lanes.values():
             lane.close()
         self._lanes.clear()
 
-    # ---- text forms ------------------------------------------------------------
     def __repr__(self) -> str:
         return live_text(self._ranks)
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        bundle = dict(super()._repr_mimebundle_(**kwargs) or {})
-        bundle["text/plain"] = live_text(self._ranks)  # not ipywidgets' repr, which would change as it runs
-        return bundle
 
 
 def _summary(result: CellResult) -> str:

@@ -314,10 +314,8 @@ def _run_in_notebook(shell: Any, sb: Sandbox, cell: str, options: CellOptions, p
     try:
         if push:
             sb.push(push, ranks=ranks)
-        dispatch_of(sb).engines_for(ranks)  # refuse a busy or lost rank before showing anything
-        if getattr(shell, "kernel", None) is not None:  # a notebook: a live view the frontend updates
+        if getattr(shell, "kernel", None) is not None:  # a notebook: a live view, drawn once there is something to see
             view = sink = LiveView(list(range(sb.spec.world)) if ranks is None else ranks)
-            display(view)
         elif _is_terminal(shell):
             sink = TerminalSink()
         prompter, no_input = _prompter(shell)
