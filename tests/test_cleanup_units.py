@@ -1,10 +1,12 @@
-"""The pieces behind the reliability suite, without engines: the liveness watcher and the stale-state sweep."""
+"""The pieces behind the reliability suite, without engines: the liveness watcher, the stale-state sweep, and
+which processes a world may signal on this machine."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,11 +14,15 @@ import time
 import psutil
 from conftest import wait_gone
 
+from pgnb.core.health import Health
+from pgnb.core.hosting import Hosting
 from pgnb.core.liveness import Watcher, describe_exit
+from pgnb.core.rendezvous import EngineInfo
 from pgnb.core.waiting import poll_until
 from pgnb.procs import processes
 from pgnb.procs.ownership import cluster_files, state_path, sweep, write_state
 from pgnb.procs.processes import OWNER_ENV, process_alive as is_alive, process_state, start_time, zombie_status
+from pgnb.spec import WorldSpec
 
 
 def test_describe_exit():
@@ -131,3 +137,30 @@ def test_sweep_removes_only_what_a_dead_owner_left(tmp_path):
     assert sorted(os.listdir(os.path.join(profile, "security"))) == [
         "cluster-222-live.json", "cluster-333-foreign.json", "pgnb-222-live.json"]
 
+
+
+def test_a_stuck_engine_on_another_host_is_never_signalled_by_its_pid_here():
+    """An engine elsewhere has a pid of its host's, which names some unrelated process of this machine: a
+    stuck one is stopped through its nanny, lost all the same; its pid is not one of the world's here."""
+    unrelated, local = (subprocess.Popen(["sleep", "60"]) for _ in range(2))
+    here = socket.gethostname()
+    remote_info = EngineInfo(engine_id=1, pid=unrelated.pid, host=f"not-{here}", addr="198.18.0.2", iface="eth0",
+                             nanny_pid=unrelated.pid)
+    local_info = EngineInfo(engine_id=0, pid=local.pid, host=here, addr="127.0.0.1", iface="lo")
+    hosting = Hosting(WorldSpec(profile="unused"), check=lambda: None)  # attached: no reaper, nothing started
+    health = Health(lambda message: None, rank_of={local.pid: 0, unrelated.pid: 1}.get,
+                    exit_status=lambda pid: None, respawn_reaper=lambda pid: None)
+    hosting.known = {0: local_info, 1: remote_info}
+    try:
+        assert hosting.pids() == {local.pid}
+        hosting.stop_stuck([local_info, remote_info], health, lost_as="engine stopped (stuck)")
+        assert wait_gone([local.pid], timeout=5) == []
+        time.sleep(0.2)  # a signal sent is delivered by now
+        assert unrelated.poll() is None, "a process of this machine was signalled for an engine of another host"
+        assert health.lost_ranks([local_info, remote_info]) == {0: "engine stopped (stuck)",
+                                                                1: "engine stopped (stuck)"}
+    finally:
+        health.stop()
+        for p in (unrelated, local):
+            p.kill()
+            p.wait()

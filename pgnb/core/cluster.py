@@ -245,9 +245,6 @@ class EnginePool:
         #: engines launched earlier that were dead already when the present wait for engines began
         self._dead_before: set[int] = set()
         self._schedulers: list[int] | None = None  # as the controller listed them
-        #: engines on other hosts, pid -> engine id: their pids mean nothing here, so pgnb signals them
-        #: through their nannies (the controller relays it), never by pid
-        self._remote: dict[int, int] = {}
         #: what the start waits for in a batch system's queue ("Slurm job 12: PENDING (Resources)"), or ""
         self.queued = ""
         self._next_queue_look = 0.0
@@ -533,9 +530,7 @@ class EnginePool:
             infos.append(EngineInfo(engine_id=eid, pid=d["pid"], host=d["host"], addr=d["addr"],
                                     iface=d["iface"], launcher_rank=d["launcher_rank"],
                                     nanny_pid=d["nanny_pid"]))
-            if not is_local(infos[-1]):
-                self._remote[d["pid"]] = eid
-            elif self.reaper and not self.attached:
+            if is_local(infos[-1]) and self.reaper and not self.attached:  # a pid elsewhere names nothing here
                 self.reaper.own(d["pid"])
                 if d["nanny_pid"]:
                     self.reaper.own(d["nanny_pid"])
@@ -616,23 +611,27 @@ class EnginePool:
         return out
 
     # ---- stopping -------------------------------------------------------
-    def kill_engines(self, pids: list[int], ids: list[int], timeout: float = 5.0) -> None:
-        """SIGKILL engines that are stuck (a rank in a gloo wait ignores SIGINT)."""
+    def kill_engines(self, infos: list[EngineInfo], timeout: float = 5.0) -> None:
+        """SIGKILL engines that are stuck (a rank in a gloo wait ignores SIGINT), then wait until the
+        Client has dropped them."""
         if self.attached:
             return
-        self._kill_remote([pid for pid in pids if pid in self._remote])
-        kill_all([pid for pid in pids if pid not in self._remote], grace=0.0)
-        poll_until(lambda: not set(ids) & set(self.client.ids), timeout)
+        self.kill(infos)
+        ids = {e.engine_id for e in infos}
+        poll_until(lambda: not ids & set(self.client.ids), timeout)
 
-    def _kill_remote(self, pids: list[int]) -> None:
-        """SIGKILL engines on other hosts (these pids of ``self._remote``) through their nannies, all at once."""
-        targets = [self._remote[pid] for pid in pids if pid in self._remote]
+    def kill(self, infos: list[EngineInfo]) -> None:
+        """SIGKILL these engines, all at once: by pid on this host; on other hosts, where their pids
+        name nothing of this machine, through their nannies (the controller relays the signal)."""
+        kill_all([e.pid for e in infos if is_local(e)], grace=0.0)
+        targets = [e.engine_id for e in infos if not is_local(e)]
         if targets and self.client is not None:
             with contextlib.suppress(Exception):  # gone already: nothing to kill
                 self.client.send_signal("SIGKILL", targets=targets, block=False).wait(2.0)
 
     def stop(self, engine_pids: list[int], grace: float = 1.0) -> None:
-        """Stop what pgnb started: every engine at once, then the controller.
+        """Stop what pgnb started: every engine at once (``engine_pids``: those on this host; the
+        launchers stop the others), then the controller.
 
         An attached cluster is only disconnected: pgnb never stops what it did not start.
         """
@@ -641,7 +640,7 @@ class EnginePool:
             if client is not None:
                 client.close()
             return
-        pids = [pid for pid in engine_pids if pid not in self._remote]  # the launcher stops those below
+        pids = list(engine_pids)
         if self.reaper is not None:
             pids += owned_by_token(self.reaper.token)
         if client is not None:

@@ -190,11 +190,11 @@ class Health:
         if watcher is not None:
             watcher.unwatch(pids)
 
-    def stopped_on_purpose(self, pids: list[int], cause: str) -> None:
+    def stopped_on_purpose(self, engines: list[EngineInfo], cause: str) -> None:
         """pgnb is stopping these engines itself: not watched, lost for ``cause`` (the next init replaces them)."""
-        self.unwatch(pids)
+        self.unwatch(e.pid for e in engines if is_local(e))  # only this host's are watched
         with self._lock:
-            self._lost.update(dict.fromkeys(pids, cause))
+            self._lost.update(dict.fromkeys((e.pid for e in engines), cause))
 
     def stop(self) -> None:
         """Before pgnb stops every process of the world: the watcher ends, nothing more is learnt."""

@@ -23,7 +23,7 @@ from ..spec import WorldSpec
 from .cluster import EnginePool
 from .files import OwnedDir
 from .health import Health
-from .remote import error_line
+from .remote import error_line, is_local
 from .rendezvous import STORE_FILE, EngineInfo
 from .sending import send
 
@@ -55,8 +55,9 @@ class Hosting:
         return self._store.path if self._store else None
 
     def pids(self) -> set[int]:
-        """Every live process of this hosting (engines, nannies, controller, reaper, what the launchers started)."""
-        known = self.known.values()
+        """Every live process of this hosting on this machine (engines, nannies, controller, reaper, what the
+        launchers started); an engine on another host has a pid there, which names nothing here."""
+        known = [e for e in self.known.values() if is_local(e)]
         out = {e.pid for e in known} | {e.nanny_pid for e in known if e.nanny_pid}
         cluster = self.pool.cluster
         ctl = cluster and getattr(cluster.controller, "process", None)
@@ -97,15 +98,14 @@ class Hosting:
         """SIGKILL engines stuck in a wait (a rank in gloo's ignores SIGINT). With ``lost_as`` they stay
         known, lost for that cause, and the next init replaces them once the Client dropped them;
         otherwise they are forgotten at once, the Client having dropped them."""
-        pids = [e.pid for e in infos]
-        if not pids:
+        if not infos:
             return
         if lost_as is not None:
-            health.stopped_on_purpose(pids, lost_as)
-            kill_all(pids, grace=0.0)
+            health.stopped_on_purpose(infos, lost_as)
+            self.pool.kill(infos)
             return
-        health.unwatch(pids)
-        self.pool.kill_engines(pids, [e.engine_id for e in infos])
+        health.unwatch(e.pid for e in infos if is_local(e))
+        self.pool.kill_engines(infos)
         for e in infos:
             self.known.pop(e.engine_id, None)
 
@@ -158,7 +158,7 @@ class Hosting:
     def stop(self, grace: float) -> None:
         """Stop everything (SIGTERM, SIGKILL after ``grace`` s) and remove its files; the reaper last."""
         try:
-            self.pool.stop([e.pid for e in self.known.values()], grace=grace)
+            self.pool.stop([e.pid for e in self.known.values() if is_local(e)], grace=grace)
         except Exception as e:  # a half-started cluster: the sweep below still stops its processes
             _log.debug("stopping the pool: %s", e)
         if self.reaper is not None:  # anything started late (an interrupted start goes on in ipyparallel's thread)
