@@ -57,6 +57,8 @@ CONTROLLER_STARTS = 2
 #: After Ctrl-C in a re-init, how long ranks already in the rendezvous get to finish before their
 #: engines are stopped (a rank blocked in gloo's connect ignores SIGINT).
 INTERRUPT_SETTLE = 0.5
+#: The cause a rank replaced after a failed init is lost for, until the next init makes it a rank again.
+REPLACED = "engine replaced: it did not join the last init"
 
 
 class Step(Enum):
@@ -445,6 +447,8 @@ class World:
     def _recover_after_failed_init(self, stuck: list[int], replace_stuck: bool) -> None:
         if self._hosting is not None:
             self._hosting.recover(list(self._ranks), self._health, self.spec.world, stuck, replace_stuck)
+            if replace_stuck:  # their engines are gone until the next init meets the new ones: cells refuse them
+                self._health.stopped_on_purpose([self._ranks[r] for r in stuck], REPLACED)
 
     # ---- queries ------------------------------------------------------
     def status(self, timeout: float = STATUS_TIMEOUT) -> list[RankStatus]:
