@@ -148,6 +148,11 @@ class SlurmCluster:
         return subprocess.run(list(cmd), env={**os.environ, **self.env}, capture_output=True, text=True,
                               timeout=30)
 
+    def log(self) -> str:
+        """What slurmctld has logged so far (every RPC it served: submissions, cancels, ...)."""
+        with open(self._path("slurmctld.log"), errors="replace") as f:
+            return f.read()
+
     def jobs(self) -> list[str]:
         """The jobs still pending, running or completing: ``"ID STATE"`` each."""
         out = self.run("squeue", "-h", "-o", "%i %T")
