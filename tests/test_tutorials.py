@@ -221,6 +221,22 @@ def _workers(pids: list[int]) -> list[int]:
     return alive(found)
 
 
+def test_a_tutorials_main_runs_in_a_file_world_too(kernel):
+    ex = kernel.execute("%pg_init --backend gloo --world 2 --init-method file")  # the same engines, a file:// store
+    assert ex.status == "ok" and "2/2 initialized" in ex.text(), ex.text()
+    out, err = pg(kernel, "import os\nprint(os.environ['MASTER_PORT'] != '0')")  # rank 0 listens there
+    assert (out, err) == ("[rank 0]\nTrue\n[rank 1]\nTrue\n", None)
+    assert kernel.execute("%pg_destroy").status == "ok"
+    assert pg(kernel, "kept = []") == ("", None)
+    for run in (1, 2):
+        out, err = pg(kernel, TUTORIAL)
+        assert err is None, out
+        assert one_value_per_rank(out).startswith(f"{run} "), out
+        assert "0/2 initialized (2 destroyed)" in status(kernel)
+    ex = kernel.execute("%pg_init --backend gloo --world 2")
+    assert ex.status == "ok" and "2/2 initialized" in ex.text(), ex.text()
+
+
 def test_a_rank_replaced_after_a_failed_init_is_refused_in_one_line_until_the_next_init(kernel):
     assert kernel.execute("%pg_destroy").status == "ok"
     # a tutorial's setup() with a port of its own, on rank 1 alone: it waits for a rank 0 that never comes

@@ -5,7 +5,8 @@ bound, and what each engine said about itself, build each rank's
 ``init_rank`` plan. Rank 0 always serves the TCP store on a socket it bound
 itself (see ``pgnb.rank.engine.listen_for_store``); ranks 1.. reach it through the
 ``init_method`` the user asked for, so ``env://`` and ``tcp://`` mean what
-the torch docs say.
+the torch docs say. A ``file://`` world meets on its file; its store serves
+the inits cells make from ``MASTER_ADDR``/``MASTER_PORT``.
 """
 
 from __future__ import annotations

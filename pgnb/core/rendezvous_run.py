@@ -87,7 +87,7 @@ class Rendezvous:
         self.results: list[Any] = []
 
     def listen(self, wait: Callable[[list[Any], float], None]) -> tuple[str, int]:
-        """``env://`` and ``tcp://``: rank 0 binds its store's socket; the address and port it listens on.
+        """Rank 0 binds its store's socket; the address and port it listens on.
 
         ``InitError`` if it cannot; ``wait(results, timeout)`` raises what ends the wait early.
         """
@@ -104,16 +104,14 @@ class Rendezvous:
             raise InitError(msg, [0]) from None
 
     def send(self, wait: Callable[[list[Any], float], None], new_store: Callable[[], str]) -> None:
-        """Rank 0's store (its socket for ``env://`` and ``tcp://``, ``new_store()``'s directory for a
-        ``file://`` of pgnb's own), then every rank's ``init_rank`` at once (collectives need all
-        ranks inside the call together). ``InitError`` if rank 0 cannot listen."""
-        spec, port, store_dir = self.spec, 0, None
-        if spec.scheme in ("env", "tcp"):
-            master_addr, port = self.listen(wait)
-        else:
-            master_addr = self._ranks[0].addr
-            if spec.init_url is None:
-                store_dir = new_store()
+        """Rank 0's store socket (and ``new_store()``'s directory for a ``file://`` of pgnb's own), then
+        every rank's ``init_rank`` at once (collectives need all ranks inside the call together).
+        ``InitError`` if rank 0 cannot listen."""
+        spec, store_dir = self.spec, None
+        # a file:// world's rank 0 listens too: the inits cells make from MASTER_ADDR/PORT meet on that store
+        master_addr, port = self.listen(wait)
+        if spec.scheme == "file" and spec.init_url is None:
+            store_dir = new_store()
         self.results = [self._client[e.engine_id].apply_async(engine.init_rank, p)
                         for e, p in zip(self._ranks, plans(spec, self._ranks, master_addr, port, store_dir),
                                         strict=True)]

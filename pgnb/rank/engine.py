@@ -187,15 +187,16 @@ def init_rank(plan: InitPlan) -> RankReport:
             wait_for_workers=False,
             master_listen_fd=sock.fileno(),
         )
+        _STATE.pop("store_socket").detach()  # the store owns (and will close) the fd now
+    if server is not None and not plan["init_method"].startswith("file:"):
         # init_process_group prefixes a rendezvous store with "default_pg"; do the same by hand
         kwargs["store"] = dist.PrefixStore("default_pg", server)
         kwargs.update(rank=plan["rank"], world_size=plan["world_size"])
-        _STATE.pop("store_socket").detach()  # the store owns (and will close) the fd now
-    else:
+    else:  # a file:// world meets on its file; rank 0's store serves only the inits of cells
         kwargs["init_method"] = plan["init_method"]
     dist.init_process_group(**kwargs)
     # the inits cells make from pgnb's MASTER_ADDR/PORT meet on this world's store too
-    rank_rendezvous.keep_store(server, dist.group.WORLD, serves=plan["init_method"].startswith(("env:", "tcp:")))
+    rank_rendezvous.keep_store(server, dist.group.WORLD, serves=plan["env"]["MASTER_PORT"] != "0")
     _STATE["device"] = device
     _STATE["init_seconds"] = time.monotonic() - t0
     _publish_names(torch, dist, device)

@@ -9,7 +9,8 @@ Code written for torchrun calls ``init_process_group()`` from those variables on
 a rank lives on, and a cell may init and destroy the default group again and again. torch would
 have rank 0 listen on ``MASTER_PORT`` each time, where the world's store (or a group an old DDP
 model still holds) already listens: EADDRINUSE on rank 0, and the others wait on the old store.
-So rank 0 keeps the world's store for the world's life, and every init addressed to pgnb's
+So rank 0 keeps the world's store for the world's life (a ``file://`` world's too, which meets
+on its file but listens all the same), and every init addressed to pgnb's
 ``MASTER_ADDR:MASTER_PORT`` (``env://``, or ``tcp://`` built from them) meets on it, each under
 a prefix of its own: the same port every time, never a key of an earlier init. An init while a
 group is up gets torch's error and what to do, in one line.
@@ -55,7 +56,7 @@ def restore() -> str:
 
 
 def keep_store(server: Any, group: Any, serves: bool) -> None:
-    """After pgnb's own init: ``group`` is pgnb's; if ``serves`` (an ``env://`` or ``tcp://`` world),
+    """After pgnb's own init: ``group`` is pgnb's; if ``serves`` (rank 0 listens on ``MASTER_PORT``),
     later inits to pgnb's address meet on this world's store (``server``, rank 0's ``TCPStore``;
     None on the other ranks, which connect to it)."""
     _WORLD.update(server=server, inits=0, group=weakref.ref(group), serves=serves)
