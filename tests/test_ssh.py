@@ -174,10 +174,15 @@ def test_ssh_world_across_two_hosts_and_kernel_kill(ssh_hosts, tmp_path):
     assert left == {ns: [] for ns in sshd}, f"left running on the test hosts after the kernel's SIGKILL: {left}"
 
 
-def test_reaper_kills_ssh_engines_through_their_launcher(ssh_hosts, tmp_path, monkeypatch):
-    """What the reaper does for engines on other hosts, whose pids and tokens this machine cannot see:
-    ``kill_launched`` (run as the reaper runs it, in a process of its own) reaches them through ssh."""
+def test_remote_engines_die_through_their_launcher_and_nannies_and_stop_quietly(ssh_hosts, tmp_path, monkeypatch,
+                                                                                capfd):
+    """One world of 4 in this process, whose parts the test reaches. Engines on other hosts, whose pids and
+    tokens this machine cannot see: a stuck one is stopped through its nanny and its rank is lost; the
+    reaper's ``kill_launched`` (run as the reaper runs it, in a process of its own) empties both hosts;
+    then the shutdown of that world of dead engines writes nothing to stderr (ssh would hand it the
+    remote ``ProcessLookupError`` of each signal to a dead engine; a notebook shows stderr)."""
     import pgnb
+    from pgnb.core.sandbox import dispatch_of
 
     ipython_dir = tmp_path / "ipython"
     (ipython_dir / "profile_default").mkdir(parents=True)
@@ -189,21 +194,35 @@ def test_reaper_kills_ssh_engines_through_their_launcher(ssh_hosts, tmp_path, mo
     sb = pgnb.Sandbox(launcher="ssh", world=4, timeout=60)
     try:
         sb.start()
-        assert sorted(r.host for r in sb.status()) == ["host2", "host2", "host3", "host3"]
-        hosting = sb._world.hosting
+        world, hosting = sb._world, sb._world.hosting
         assert hosting is not None
+        ranks = list(world._ranks)
+        assert sorted(e.host for e in ranks) == ["host2", "host2", "host3", "host3"]
+        stuck = ranks[3]
+        hosting.stop_stuck([stuck], world._health, lost_as="engine stopped (stuck)")
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(stuck.pid) and time.monotonic() < deadline:  # one pid space here: seen
+            time.sleep(0.1)
+        assert not psutil.pid_exists(stuck.pid)
+        assert dispatch_of(sb).lost_ranks() == {3: "engine stopped (stuck)"}
         cluster_file = str(hosting.pool.cluster.cluster_file)
         t0 = time.monotonic()
         subprocess.run([sys.executable, "-c", "import sys; from pgnb.procs.reaper import kill_launched; "
                         "kill_launched(sys.argv[1])", cluster_file], check=True, timeout=60)
         took = time.monotonic() - t0
         left = wait_hosts_empty(sshd, timeout=10)
-        print(f"kill_launched took {took:.1f} s; hosts empty {time.monotonic() - t0:.1f} s after it began")
+        emptied = time.monotonic() - t0
         assert left == {ns: [] for ns in sshd}, f"left running on the test hosts: {left}"
+        capfd.readouterr()
     finally:
         t1 = time.monotonic()
         sb.shutdown()
-        print(f"shutdown {time.monotonic() - t1:.1f} s")
+        stopped = time.monotonic() - t1
+    err = capfd.readouterr().err
+    with capfd.disabled():
+        print(f"kill_launched took {took:.1f} s, hosts empty {emptied:.1f} s after it began; "
+              f"shutdown of the dead world {stopped:.1f} s")
+    assert err == "", err
 
 
 def test_docs_show_the_profile_this_test_runs():

@@ -324,6 +324,8 @@ class EnginePool:
             from ..procs.forklauncher import ForkEngineSetLauncher
 
             cfg.ForkEngineSetLauncher.preload = [*(ForkEngineSetLauncher.preload.default() or []), *ZYGOTE_PRELOAD]
+        if self.launcher == "ssh":  # ipyparallel's, quiet and all at once when it stops
+            from ..procs.sshlauncher import QuietSSHEngineSetLauncher
         if self.launcher in LOCAL_LAUNCHERS:  # the controller's exit status, when it dies (pgnb names the cause)
             kwargs_controller: dict[str, Any] = {"controller": local_controller()}
         else:
@@ -332,7 +334,8 @@ class EnginePool:
             # a more specific section replaces BaseLauncher's dict: carry the owner token over
             cfg.MPILauncher.environment = {**cfg.BaseLauncher.environment, **mpi_environment()}
         kwargs: dict[str, Any] = dict(
-            engines=local_engine_set() if self.launcher == "local" else self.launcher,
+            engines=local_engine_set() if self.launcher == "local" else
+            QuietSSHEngineSetLauncher if self.launcher == "ssh" else self.launcher,
             delay=0,
             # the config file drops one harmless ERROR line per engine (see pgnb/procs/ipcontroller_config.py)
             controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--log-level=WARN",
