@@ -237,6 +237,20 @@ def test_a_tutorials_main_runs_in_a_file_world_too(kernel):
     assert ex.status == "ok" and "2/2 initialized" in ex.text(), ex.text()
 
 
+def test_ranks_whose_inits_went_out_of_step_are_in_step_again_after_pg_destroy(kernel):
+    assert kernel.execute("%pg_destroy").status == "ok"
+    # an init on rank 1 alone fails (no rank 0 comes): rank 1 has made one init more than rank 0
+    ex = kernel.execute("%%pg --ranks 1\nfrom datetime import timedelta\nfrom torch.distributed import "
+                        "init_process_group\ninit_process_group(backend='gloo', timeout=timedelta(seconds=2))")
+    assert ex.error["evalue"].startswith("rank 1 raised DistStoreError: wait timeout after 2000ms"), ex.text()
+    assert kernel.execute("%pg_destroy").status == "ok"  # every rank counts its inits from 0 again
+    t0 = time.monotonic()
+    out, err = pg(kernel, TUTORIAL)
+    assert err is None, out
+    assert time.monotonic() - t0 < 15
+    assert kernel.execute("%pg_init --backend gloo --world 2").status == "ok"
+
+
 def test_a_rank_replaced_after_a_failed_init_is_refused_in_one_line_until_the_next_init(kernel):
     assert kernel.execute("%pg_destroy").status == "ok"
     # a tutorial's setup() with a port of its own, on rank 1 alone: it waits for a rank 0 that never comes

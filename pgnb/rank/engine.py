@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from .._wire import EngineFacts, InitPlan, RankReport
 from . import rendezvous as rank_rendezvous
+from .rendezvous import reset_group_counter
 
 _STATE: dict[str, Any] = {}
 
@@ -203,15 +204,6 @@ def init_rank(plan: InitPlan) -> RankReport:
     return rank_status()
 
 
-def reset_group_counter(dist: Any) -> None:
-    """A failed init leaves torch's group counter at 1, so this rank would name its
-    default group differently from a fresh rank and the rendezvous keys would never
-    match. destroy_process_group() resets it; do the same after a failure."""
-    world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
-    if world is not None and hasattr(world, "group_count"):
-        world.group_count = 0
-
-
 def _publish_names(torch: Any, dist: Any, device: str) -> None:
     """Give %%pg cells the names every lesson starts with."""
     try:
@@ -267,4 +259,5 @@ def destroy(clear: bool = False) -> bool:
         dist.destroy_process_group()
         destroyed = True
     close_store_socket()
+    rank_rendezvous.new_round()  # the inits of later cells are in step on every rank again
     return destroyed

@@ -29,8 +29,8 @@ from typing import Any
 #: The variables of pgnb's rendezvous that no cell keeps changed.
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 _SET: dict[str, str] = {}
-#: "server": rank 0's store (kept across destroys), "inits": the inits it served on this rank,
-#: "group": a weak reference to pgnb's own default group
+#: "server": rank 0's store (kept across destroys), "inits": the inits it served on this rank in this
+#: round, "rounds": the ``%pg_destroy``s since pgnb's init, "group": a weak reference to pgnb's own default group
 _WORLD: dict[str, Any] = {}
 
 
@@ -59,8 +59,16 @@ def keep_store(server: Any, group: Any, serves: bool) -> None:
     """After pgnb's own init: ``group`` is pgnb's; if ``serves`` (rank 0 listens on ``MASTER_PORT``),
     later inits to pgnb's address meet on this world's store (``server``, rank 0's ``TCPStore``;
     None on the other ranks, which connect to it)."""
-    _WORLD.update(server=server, inits=0, group=weakref.ref(group), serves=serves)
+    _WORLD.update(server=server, inits=0, rounds=0, group=weakref.ref(group), serves=serves)
     _install()
+
+
+def new_round() -> None:
+    """At ``%pg_destroy``, which every rank gets: inits count from 0 again, under a prefix no earlier
+    init used, so ranks that made different inits before (some ranks only, or one that failed
+    on some) are in step again."""
+    if "inits" in _WORLD:
+        _WORLD.update(rounds=_WORLD["rounds"] + 1, inits=0)
 
 
 def forget_store() -> None:
@@ -97,7 +105,7 @@ def _served(original: Any) -> Any:
         n = _WORLD["inits"]
         _WORLD["inits"] = n + 1  # SPMD code inits in the same order on every rank: the same prefix
         client = TCPStore(_SET["MASTER_ADDR"], port, world_size, False, timeout)
-        return PrefixStore(f"pgnb/init{n}", client)
+        return PrefixStore(f"pgnb/round{_WORLD['rounds']}/init{n}", client)
 
     create_c10d_store.pgnb_original = original  # type: ignore[attr-defined]
     return create_c10d_store
@@ -120,12 +128,26 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def reset_group_counter(dist: Any) -> None:
+    """A failed init leaves torch's group counter at 1, so this rank would name its
+    default group differently from a fresh rank and the rendezvous keys would never
+    match. destroy_process_group() resets it; do the same after a failure."""
+    world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
+
+
 def _once(original: Any, dist: Any) -> Any:
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         if dist.is_initialized():  # torch would say only "twice!"; say whose group it is and what to do
             raise ValueError(twice_text(dist))
-        return original(*args, **kwargs)
+        try:
+            return original(*args, **kwargs)
+        except BaseException:
+            if not dist.is_initialized():  # a cell's init that failed: the next one names its group as a fresh one
+                reset_group_counter(dist)
+            raise
 
     init_process_group.pgnb_original = original  # type: ignore[attr-defined]
     return init_process_group

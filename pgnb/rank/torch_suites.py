@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._wire import TorchTestOutcome, TorchTestRun
-from .engine import reset_group_counter
+from .rendezvous import reset_group_counter
 
 #: ``multiprocessing``'s exit status for a target that raised
 UNCAUGHT_EXIT_CODE = 1
