@@ -22,7 +22,7 @@ from pgnb.core.cells import CellHooks, CellOptions
 from pgnb.core.live import LiveState, OutputEvent, RankProgress
 from pgnb.core.results import CellResult, RankOutput
 from pgnb.core.terminal import Lane, settle
-from pgnb.notebook.live import STATE_COLOURS, LiveView
+from pgnb.notebook.live import STATE_COLOURS, LiveView, draw_every, shown_lines
 
 TICKS = "import time\nfor i in range({n}):\n    print('tick', i, flush=True)\n    time.sleep({every})\n"
 BAR = ("from tqdm.auto import tqdm\nimport time\nfor _ in tqdm(range(20), desc=f'rank {rank}', mininterval=0):\n"
@@ -85,21 +85,24 @@ def test_the_live_view_is_a_widget_per_lane_and_an_update_sends_only_what_change
     shown = []
     view = LiveView([0, 1], show=lambda obj, **kw: shown.append(obj))
     assert view.box is None and not shown  # nothing drawn before the first update: a quick cell opens no comm
-    running = [RankProgress(0, "running", 0.5), RankProgress(1, "running", 0.5)]
+    running = [RankProgress(0, "running", 1.5), RankProgress(1, "running", 1.5)]
     view.update([OutputEvent(0, "stdout", "hello\n")], running)
-    assert shown == [view.box] and repr(view.box) == "pgnb: live output of ranks 0, 1 while the cell ran " \
-        "(the grouped output follows)"
+    # the widget alone, which nbval skips: no text form for a notebook to keep
+    assert shown == [{"application/vnd.jupyter.widget-view+json": {
+        "version_major": 2, "version_minor": 0, "model_id": view.box.model_id}}]
     title, grid = view.box.children
     lanes = grid.children
     assert grid._dom_classes == ("pgnb-lanes",)
     assert [lane._dom_classes for lane in lanes] == [("pgnb-lane", "pgnb-lane-0"), ("pgnb-lane", "pgnb-lane-1")]
-    assert "hello" in lanes[0].children[1].value and "running 0.5 s" in lanes[0].children[0].value
+    assert "hello" in lanes[0].children[1].value and "running 1 s" in lanes[0].children[0].value
     sent.clear()
+    time.sleep(draw_every(2))  # the view draws at most ten times a second (for 2 lanes)
     view.update([OutputEvent(1, "stdout", "tick\n")], running)  # the same states; rank 1 printed a line
     changed = [json.dumps(msg["state"]) for w, msg in sent if w is not title]  # (the title's clock moves)
     assert len(changed) == 1 and "data-rank='1'" in changed[0] and "tick" in changed[0], changed
     sent.clear()
-    view.update([], [RankProgress(0, "running", 0.5), RankProgress(1, "failed", 0.6, ename="ValueError")])
+    time.sleep(draw_every(2))
+    view.update([], [RankProgress(0, "running", 1.7), RankProgress(1, "failed", 0.6, ename="ValueError")])
     changed = [json.dumps(msg["state"]) for w, msg in sent if w is not title]
     assert len(changed) == 1 and "failed (ValueError)" in changed[0], changed  # rank 1's state line only
     parts = [grid, *(w for lane in lanes for w in (lane, *lane.children))]
@@ -109,8 +112,28 @@ def test_the_live_view_is_a_widget_per_lane_and_an_update_sends_only_what_change
     assert len(shown) == 1  # drawn once
 
 
-def test_a_quick_cell_shows_the_live_views_line_without_a_widget(monkeypatch):
-    """A cell that ends before the first update: no widget, the same text/plain a drawn view keeps."""
+def test_a_view_of_64_lanes_draws_less_of_each_and_less_often(monkeypatch):
+    """64 ranks printing at LiveCell's rate: each lane draws its last 4 lines, 2.5 times a second."""
+    InteractiveShell.instance()
+    sent = []
+    monkeypatch.setattr(W.Widget, "_send", lambda self, msg, buffers=None: sent.append(len(json.dumps(msg))))
+    assert (shown_lines(4), shown_lines(64)) == (40, 4) and (draw_every(4), draw_every(64)) == (0.1, 0.4)
+    view = LiveView(list(range(64)), show=lambda obj, **kw: None)
+    t0 = time.monotonic()
+    for step in range(20):  # two seconds of updates, ten a second, every rank printing a line each time
+        view.update([OutputEvent(r, "stdout", f"step {step}\n") for r in range(64)],
+                    [RankProgress(r, "running", time.monotonic() - t0) for r in range(64)])
+        time.sleep(0.1)
+    seconds = time.monotonic() - t0
+    title, grid = view.box.children
+    assert len(sent) / seconds < 64 * 2 * 3  # two parts a lane, about 2.5 drawings a second (10 before)
+    assert sum(sent) / seconds < 100_000  # bytes a second to the browser
+    assert grid.children[0].children[1].value.count("step ") == 4  # the last four lines of rank 0
+    view.finish(None)
+
+
+def test_a_quick_cell_shows_no_live_view(monkeypatch):
+    """A cell that ends before the first update: no widget, nothing displayed (a drawn view keeps nothing either)."""
     InteractiveShell.instance()
     made = []
     init = W.Widget.__init__
@@ -119,12 +142,7 @@ def test_a_quick_cell_shows_the_live_views_line_without_a_widget(monkeypatch):
     view = LiveView([0, 1, 2], show=lambda obj, **kw: shown.append((obj, kw)))
     view.update([OutputEvent(0, "stdout", "hi\n")], [RankProgress(r, "finished", 0.01) for r in range(3)])
     view.finish(CellResult([RankOutput(r) for r in range(3)], world=3))
-    assert made == [] and view.box is None
-    assert shown == [({"text/plain": "pgnb: live output of ranks 0-2 while the cell ran (the grouped output follows)"},
-                      {"raw": True})]
-    refused = LiveView([0], show=lambda obj, **kw: shown.append(obj))
-    refused.finish(None)  # the cell never ran (a busy or lost rank refused it): nothing at all
-    assert len(shown) == 1
+    assert made == [] and view.box is None and shown == []
 
 
 # ---- the stream, from Python -----------------------------------------------------------------
@@ -218,7 +236,7 @@ def test_the_frontend_gets_each_ranks_first_tick_at_once_and_the_kept_output_is_
         kept.add(json.dumps(_kept(msgs)))
     assert len(kept) == 1
     outputs = json.loads(kept.pop())
-    assert outputs[0][0] == "display_data" and "live output of ranks 0-3" in outputs[0][1]
+    assert outputs[0] == ["display_data", "{}"]  # the drawn view: its widget alone, which nbval skips
     assert outputs[1] == ["stream", "stdout", "".join(
         f"[rank {r}]\n" + "".join(f"tick {i}\n" for i in range(10)) for r in range(4))]
 

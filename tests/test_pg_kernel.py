@@ -38,10 +38,9 @@ def kept(ex: Execution) -> list:
 def test_all_reduce_in_rank_order_identical_every_run(kernel):
     runs = [kernel.execute(ALL_REDUCE) for _ in range(10)]
     assert {ex.status for ex in runs} == {"ok"}
-    live = "pgnb: live output of ranks 0-3 while the cell ran (the grouped output follows)"
-    assert kept(runs[0]) == [{"type": "display_data", "data": {"text/plain": live}},
-                             {"type": "stream", "name": "stdout", "text": EXPECTED}]
-    assert all(kept(ex) == kept(runs[0]) for ex in runs)
+    # a live view drawn (a cell slower than a tenth of a second) is the widget alone, which nbval skips
+    assert [o for o in kept(runs[0]) if o.get("data") != {}] == [{"type": "stream", "name": "stdout", "text": EXPECTED}]
+    assert all([o for o in kept(ex) if o.get("data") != {}] == kept(runs[0])[-1:] for ex in runs)
 
 
 def test_error_on_rank_2_names_it_and_keeps_the_others_output(kernel):

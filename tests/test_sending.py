@@ -45,7 +45,13 @@ def test_send_reaches_every_rank_and_what_came_back_reads_as_ipyparallel_says(wo
         assert reply["ok"] and sent_back(ar, "stdout") == f"{r}\n" == ar.stdout
         assert sent_back(ar, "execute_result") == ar.execute_result
         assert sent_back(ar, "outputs") == ar.outputs == []
-    # the same views again (one per engine for the Client's life), and keyword arguments of each rank's own
+    # the Client's socket and engine identities, which send uses as a DirectView does (private to ipyparallel)
+    assert world.client[pairs[0][1]]._socket is world.client._mux_stream
+    assert world.client._build_targets([pairs[0][1]])[1] == [pairs[0][1]]
+    assert type(ars[0][1]) is type(world.client[pairs[0][1]].apply_async(engine.rank_status))
+    with pytest.raises(IndexError, match="No such engine: 999"):
+        list(send(world.client, [(0, 999)], engine.rank_status))
+    # again, and keyword arguments of each rank's own
     again = list(send(world.client, pairs, engine.rank_status))
     assert [ar.get(timeout=30)["rank"] for _, ar in again] == [0, 1, 2, 3]
     own = list(send(world.client, pairs, text.ranks_text, per_rank=lambda r: {"ranks": [r, 7]}))

@@ -67,13 +67,17 @@ class RankProgress:
     waiting_in: str = ""  # the torch.distributed call it was last seen blocked in
     waiting_seconds: float = 0.0  # how long it has been seen there
 
-    def text(self) -> str:
-        """``running 14 s · waiting in all_reduce for 12 s``, ``finished in 0.4 s``, ``failed (ZeroDivisionError)``."""
+    def text(self, whole: bool = False) -> str:
+        """``running 14 s · waiting in all_reduce for 12 s``, ``finished in 0.4 s``, ``failed (ZeroDivisionError)``.
+
+        ``whole``: a running rank's times in whole seconds (a live view's lane then changes once a second).
+        """
+        secs = (lambda s: f"{int(s)} s") if whole else _secs
         if self.state == "running":
-            out = f"running {_secs(self.seconds)}"
+            out = f"running {secs(self.seconds)}"
             if self.waiting_in:
                 out += f" · waiting in {self.waiting_in}" + (
-                    f" for {_secs(self.waiting_seconds)}" if self.waiting_seconds >= 1 else "")
+                    f" for {secs(self.waiting_seconds)}" if self.waiting_seconds >= 1 else "")
             return out
         if self.state == "finished":
             return f"finished in {_secs(self.seconds)}"

@@ -3,15 +3,22 @@
 A ``%%pg`` cell, a status query or a ``Sandbox.run`` sends the same function
 and arguments to every chosen rank, each as its own apply request (so each
 rank's result, output and state can be waited for, reported and kept busy on
-its own). ``client[e].apply_async`` would pickle the function and its
-arguments again for every rank and build a new ``DirectView`` each time; for a
-trivial cell that was a third of the kernel's own time, growing with the world.
+its own). ``client[e].apply_async`` per rank would pickle the function and its
+arguments again for every rank and build a ``DirectView`` for each, whose
+``apply_async`` binds its arguments with ``inspect`` twice and records what it
+sent in the view's history: for a trivial cell that was a third of the
+kernel's own time, growing with the world (14 ms of a 32-rank cell's 86 ms).
+
 ``send`` pickles them once (ipyparallel's ``PrePickled``), sends pgnb's own
-functions by name (``pgnb._wire.ByName``) rather than as code, keeps one view
-per engine for as long as its Client lives, and skips the view's own record of
-what it sent (``apply_async``'s two decorators bind their arguments with
-``inspect`` on every call, and a kept view's history would grow with every
-cell): pgnb keeps each request's AsyncResult itself.
+functions by name (``pgnb._wire.ByName``) rather than as code, and hands each
+request to the Client's ``send_apply_request`` on the socket a ``DirectView``
+uses, with the engine's identity, wrapping its future in the one-engine
+``AsyncResult`` that ``client[e].apply_async`` returns: the same messages, the
+same results, nothing kept in any view. That reaches two private names of
+ipyparallel's Client (``_mux_stream``, the stream ``client[e]`` hands its
+views, and ``_build_targets``; ipyparallel is
+pinned below 10 and ``tests/test_sending.py`` checks them); without them it
+falls back to ``client[e].apply_async``.
 
 ``sent_back`` reads what a rank's request has brought so far (its streams, its
 displays, its value's bundle) without ipyparallel's parse of the message's four
@@ -21,25 +28,13 @@ of a millisecond per rank and cell that pgnb never reads.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from ipyparallel.client.asyncresult import AsyncResult
 from ipyparallel.serialize import PrePickled
 
 from .._wire import ByName
-
-#: Client -> {engine id: its DirectView}; a Client that is closed and dropped takes its views with it.
-_VIEWS: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
-
-
-def view_of(client: Any, engine_id: int) -> Any:
-    """The one ``DirectView`` on ``engine_id`` for this Client (non-blocking, as ``client[e]`` makes it)."""
-    views = _VIEWS.setdefault(client, {})
-    view = views.get(engine_id)
-    if view is None:
-        view = views[engine_id] = client[engine_id]
-    return view
 
 
 def by_name(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -57,16 +52,26 @@ def send(client: Any, pairs: Iterable[tuple[int, int]], fn: Callable[..., Any], 
 
     ``per_rank(rank)``: keyword arguments of that rank's own (e.g. where its trace goes), pickled per rank.
     """
-    packed_fn = PrePickled(by_name(fn))
+    sent = by_name(fn)
+    packed_fn = PrePickled(sent)
     packed_args = [PrePickled(a) for a in args]
     packed_kwargs = {k: PrePickled(v) for k, v in kwargs.items()}
+    socket = getattr(client, "_mux_stream", None)  # what client.direct_view gives its DirectViews
+    build = getattr(client, "_build_targets", None)
+    name = getattr(sent, "name", None) or getattr(fn, "__name__", "f")
     for rank, engine_id in pairs:
-        own = packed_kwargs if per_rank is None else {**packed_kwargs, **per_rank(rank)}
-        view = view_of(client, engine_id)
-        # apply_async is _really_apply behind the view's history bookkeeping, which pgnb does not read
-        apply = getattr(view, "_really_apply", None)
-        yield rank, (apply(packed_fn, packed_args, own, block=False) if apply is not None
-                     else view.apply_async(packed_fn, *packed_args, **own))
+        own = packed_kwargs if per_rank is None else {
+            **packed_kwargs, **{k: PrePickled(v) for k, v in per_rank(rank).items()}}
+        if socket is None or build is None:
+            yield rank, client[engine_id].apply_async(packed_fn, *packed_args, **own)
+            continue
+        try:
+            (ident,), _ = build([engine_id])
+        except KeyError:  # what client[engine_id] says of an engine the Client does not know
+            raise IndexError(f"No such engine: {engine_id}") from None
+        future = client.send_apply_request(socket, packed_fn, packed_args, own, ident=ident,
+                                           metadata={"label": None})
+        yield rank, AsyncResult(client, future, fname=name, targets=engine_id, owner=True)
 
 
 def sent_back(ar: Any, key: str) -> Any:

@@ -9,12 +9,13 @@ rank's elapsed time, not every rank's text again.
 
 Nothing is drawn until there is something to see: the box appears at the first
 live update, which ``pgnb.core.live.LiveCell`` sends once the cell has run a
-tenth of a second. A cell that ends before that (most quick cells) opens no
-comm at all: its view is one plain line. Either way the notebook keeps the same
-output, the view's ``text/plain`` line (``live_text``: fixed, the same on every
-run; nbval ignores the widget's model), then the grouped output. Updates are
-widget state changes, which nbval ignores too. When the cell ends the box
-collapses to its title, a one-line summary. (A terminal IPython gets
+tenth of a second. A cell that ends before that (most quick cells) displays
+nothing and opens no comm. Either way the notebook keeps the same output, the
+grouped output: the view's bundle is the widget alone, which nbval skips (its
+model id differs on every run), and its updates are widget state changes,
+which nbval ignores too. A notebook saved with its widget state shows the
+collapsed view; without it, nothing but the grouped output. When the cell ends
+the box collapses to its title, a one-line summary. (A terminal IPython gets
 ``pgnb.core.terminal.TerminalSink`` instead.)
 """
 
@@ -29,13 +30,18 @@ import ipywidgets as W
 from IPython.display import display
 from ipywidgets.widgets.widget_string import HTMLStyle
 
-from ..core.live import LiveState, OutputEvent, RankProgress
+from ..core.live import UPDATES_PER_SECOND, LiveState, OutputEvent, RankProgress
 from ..core.results import CellResult
 from ..core.terminal import Lane
 from ..core.text import ranks_text
 
-#: Lines of a lane drawn in the view (the lane keeps more; the notebook keeps everything).
+#: Lines of a lane drawn in the view (the lane keeps more; the notebook keeps everything) ...
 SHOWN_LINES = 40
+#: ... and, over all lanes, about this many: 64 lanes draw their last 4 lines, not 40 each.
+SHOWN_IN_ALL = 256
+#: At most this many lane parts (a state line, a text) are sent per second: a world of 64 ranks that
+#: all print is drawn 2.5 times a second, not 10 (128 comm messages an update, each up to a few KB).
+PARTS_PER_SECOND = 320
 STATE_COLOURS: dict[LiveState, str] = {
     "running": "#1565c0",
     "finished": "#2e7d32",
@@ -46,20 +52,27 @@ _PRE = ("margin:0;padding:2px 6px;max-height:14em;overflow:auto;white-space:pre-
         "font-family:var(--jp-code-font-family,monospace);font-size:12px;background:var(--jp-layout-color2,#f5f5f5)")
 
 
-def live_text(ranks: list[int]) -> str:
-    """The view's text form: fixed when displayed, the same on every run (nbval compares it)."""
-    return f"pgnb: live output of {ranks_text(ranks)} while the cell ran (the grouped output follows)"
-
-
 #: The layouts and the style every live view shares (one comm each per kernel, not per cell):
 #: the view and its title, the grid of lanes, a lane's box, a part of a lane, the HTML widgets' style.
-Shared = Literal["plain", "grid", "lane", "part", "style"]
+Shared = Literal["plain", "grid", "grid-compact", "lane", "part", "style"]
 _SHARED: dict[Shared, W.Widget] = {}
+
+
+def shown_lines(world: int) -> int:
+    """How many of its last lines each lane draws in a view of ``world`` lanes."""
+    return max(4, min(SHOWN_LINES, SHOWN_IN_ALL // max(1, world)))
+
+
+def draw_every(world: int) -> float:
+    """Seconds between two drawings of a view of ``world`` lanes (LiveCell's updates come more often)."""
+    return max(1.0 / UPDATES_PER_SECOND, 2 * world / PARTS_PER_SECOND)
 
 
 def _make(kind: Shared) -> W.Widget:
     if kind == "grid":
         return W.Layout(grid_template_columns="repeat(auto-fill,minmax(22em,1fr))")
+    if kind == "grid-compact":  # many lanes: narrower, so a screen holds more of them
+        return W.Layout(grid_template_columns="repeat(auto-fill,minmax(15em,1fr))")
     if kind == "plain":
         return W.Layout()
     if kind == "lane":
@@ -90,8 +103,9 @@ def _set(widget: W.HTML, value: str) -> None:
 class _RankLane:
     """One rank's lane: what it printed and displayed, and its widgets once drawn (a box of parts)."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, shown_lines: int = SHOWN_LINES) -> None:
         self.rank = rank
+        self.shown_lines = shown_lines
         self.lane = Lane()
         self.displays: list[str] = []
         self.box: W.VBox | None = None  # the widgets, once drawn: the box of the parts below
@@ -131,14 +145,14 @@ class _RankLane:
             w.close()
 
     def _state_html(self, progress: RankProgress | None) -> str:
-        state = "" if progress is None else (
+        state = "" if progress is None else (  # whole seconds: a lane's clock sends once a second
             f"<span class='pgnb-lane-{progress.state}' style='color:{STATE_COLOURS[progress.state]}'>"
-            f"{html.escape(progress.text())}</span>")
+            f"{html.escape(progress.text(whole=True))}</span>")
         return f"<b>rank {self.rank}</b> &middot; {state}"
 
     def _text_html(self) -> str:
         open_lines = self.lane.current
-        lines = list(self.lane.lines)[-SHOWN_LINES:] + open_lines
+        lines = list(self.lane.lines)[-self.shown_lines:] + open_lines
         more = len(self.lane.lines) + self.lane.dropped - (len(lines) - len(open_lines))
         body = (f"<span style='opacity:.6'>… {more} earlier lines</span>\n" if more > 0 else "") + html.escape(
             "\n".join(lines))
@@ -154,20 +168,10 @@ def _display_html(bundle: dict[str, Any]) -> str:
     return f"<pre style='{_PRE}'>{html.escape(str(bundle.get('text/plain', '')))}</pre>"
 
 
-class _Box(W.VBox):  # type: ignore[misc]  # ipywidgets is untyped
-    """The drawn view; its text form is the view's fixed line, not ipywidgets' repr (which changes as it runs)."""
-
-    def __init__(self, children: list[W.Widget], text: str) -> None:
-        self._text = text
-        super().__init__(children, layout=_shared("plain"), _dom_classes=("pgnb-live",))
-
-    def __repr__(self) -> str:
-        return self._text
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        bundle = dict(super()._repr_mimebundle_(**kwargs) or {})
-        bundle["text/plain"] = self._text
-        return bundle
+def _widget_only(widget: W.Widget) -> dict[str, Any]:
+    """What displays ``widget`` without a text form: no ``text/plain`` that a notebook would keep, so a
+    cell's recorded outputs are the same whether its view was drawn or the cell ended first."""
+    return {k: v for k, v in (widget._repr_mimebundle_() or {}).items() if k != "text/plain"}
 
 
 class LiveView:
@@ -179,7 +183,9 @@ class LiveView:
         self._label = label
         self._show = show
         self._started = time.monotonic()
-        self._lanes = {r: _RankLane(r) for r in self._ranks}
+        self._lanes = {r: _RankLane(r, shown_lines(len(self._ranks))) for r in self._ranks}
+        self._every = draw_every(len(self._ranks))
+        self._drawn_at = 0.0
         self.box: W.VBox | None = None  # the widgets, once drawn: the title, then the grid
         self._title: W.HTML | None = None
         self._grid: W.GridBox | None = None
@@ -197,6 +203,10 @@ class LiveView:
         running = sum(p.state == "running" for p in ranks)
         if not running:
             return  # the cell has ended: finish() draws the last picture, once
+        now = time.monotonic()
+        if self._grid is not None and now - self._drawn_at < self._every:
+            return  # what arrived is kept in the lanes; the next drawing shows it
+        self._drawn_at = now
         progress = {p.rank: p for p in ranks}
         title = self._title_html("running", f" · {time.monotonic() - self._started:.1f} s · {running} running")
         # each part that changed sends one message, a part that did not sends nothing; no widget changes
@@ -208,18 +218,15 @@ class LiveView:
             _set(self._title, title)
         boxes = [lane.draw(progress.get(r)) for r, lane in self._lanes.items()]
         if self._grid is None:  # the first update draws the whole view, once
-            self._grid = W.GridBox(boxes, layout=_shared("grid"), _dom_classes=("pgnb-lanes",))
-            self.box = _Box([self._title, self._grid], live_text(self._ranks))
-            self._show(self.box)
+            grid: Shared = "grid" if len(self._ranks) <= 16 else "grid-compact"
+            self._grid = W.GridBox(boxes, layout=_shared(grid), _dom_classes=("pgnb-lanes",))
+            self.box = W.VBox([self._title, self._grid], layout=_shared("plain"), _dom_classes=("pgnb-live",))
+            self._show(_widget_only(self.box), raw=True)
 
     def finish(self, result: CellResult | None) -> None:
         """Collapse to one line: how the cell ended on each rank (the grouped output below has the rest).
-
-        A view never drawn shows its plain line (what a drawn one keeps), unless the cell never ran (None).
-        """
+        A view never drawn stays undrawn."""
         if self.box is None or self._title is None or self._grid is None:
-            if result is not None:
-                self._show({"text/plain": live_text(self._ranks)}, raw=True)
             self._lanes.clear()
             return
         summary = _summary(result) if result is not None else "stopped"
@@ -231,7 +238,7 @@ class LiveView:
         self._lanes.clear()
 
     def __repr__(self) -> str:
-        return live_text(self._ranks)
+        return f"pgnb: live output of {ranks_text(self._ranks)}"
 
 
 def _summary(result: CellResult) -> str:
