@@ -164,3 +164,23 @@ def test_a_stuck_engine_on_another_host_is_never_signalled_by_its_pid_here():
         for p in (unrelated, local):
             p.kill()
             p.wait()
+
+
+def test_a_stop_waits_for_the_engines_only_then_kills_the_rest_at_once():
+    """``kill_all(awaited=engines)``: a zygote or nanny that ignores SIGTERM (it waits for others) costs no grace."""
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time\n"
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+                                 "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline() == "ready\n"
+        t0 = time.monotonic()
+        processes.kill_all([polite.pid, stubborn.pid], grace=3.0, awaited=[polite.pid])
+        took = time.monotonic() - t0
+        assert process_state(polite.pid) == process_state(stubborn.pid) == "gone"  # kill_all reaped them too
+        assert took < 1.5, took  # not the 3 s grace: only the engine was waited for
+    finally:
+        for p in (polite, stubborn):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -648,7 +648,7 @@ class EnginePool:
             pids += owned_by_token(self.reaper.token)
         if client is not None:
             client.close()
-        kill_all(pids, grace=grace)  # all at once; ipyparallel would stop them one by one
+        kill_all(pids, grace=grace, awaited=list(engine_pids))  # all at once; ipyparallel would stop them one by one
         with _quiet():
             try:
                 self.cluster.stop_cluster_sync()

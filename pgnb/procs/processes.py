@@ -54,8 +54,13 @@ def carrying(name: str, value: str, exclude: int | None = None) -> list[int]:
     return found
 
 
-def kill_all(pids: list[int], grace: float = 1.0) -> None:
-    """SIGTERM every pid at once, wait ``grace`` seconds, SIGKILL the rest."""
+def kill_all(pids: list[int], grace: float = 1.0, awaited: list[int] | None = None) -> None:
+    """SIGTERM every pid at once, wait ``grace`` seconds, SIGKILL the rest.
+
+    ``awaited``: wait only for these (a world's engines, which may save something on SIGTERM), then
+    SIGKILL the rest at once: a zygote waits for its nannies, and a nanny for a controller, with
+    nothing left to save (at 64 ranks that wait was the grace itself, 1 s of a 2.9 s shutdown).
+    """
     import psutil
 
     procs = []
@@ -69,7 +74,10 @@ def kill_all(pids: list[int], grace: float = 1.0) -> None:
             p.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+    first = procs if awaited is None else [p for p in procs if p.pid in set(awaited)]
+    _, alive = psutil.wait_procs(first, timeout=grace)
+    if awaited is not None:
+        alive += [p for p in procs if p not in first and p.is_running()]
     for p in alive:
         try:
             p.kill()
