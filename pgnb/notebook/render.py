@@ -30,5 +30,6 @@ def render_cell_result(result: CellResult, streamed: bool = False) -> None:
         else:
             (sys.stdout if kind == "stdout" else sys.stderr).write(piece)
         last = kind
-    sys.stdout.flush()
-    sys.stderr.flush()
+    if last is not None:  # nothing shown, nothing to flush (a kernel's flush waits for its I/O thread)
+        sys.stdout.flush()
+        sys.stderr.flush()
