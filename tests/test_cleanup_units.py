@@ -184,3 +184,27 @@ def test_a_stop_waits_for_the_engines_only_then_kills_the_rest_at_once():
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_handles_see_an_ended_process_in_one_poll_a_zombie_too():
+    """``Handles.ended``: a killed child (a zombie until reaped) has ended; a live one and a reused pid's
+    stranger are told apart by the pidfd, not by the pid."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    handles = processes.Handles()
+    try:
+        started = {p.pid: start_time(psutil.Process(p.pid)) for p in (child, other)}
+        for pid, st in started.items():
+            handles.add(pid, st)
+        assert handles.ended(started) == []
+        child.kill()
+        poll_until(lambda: process_state(child.pid) == "zombie", 5)
+        assert handles.ended(started) == [child.pid]  # not reaped yet: ended all the same
+        assert handles.ended({other.pid: started[other.pid] + 100.0}) == []  # the pidfd knows its process
+        handles.remove(other.pid)  # without its pidfd, /proc answers, and a wrong start time is another process
+        assert handles.ended({other.pid: started[other.pid] + 100.0}) == [other.pid]
+    finally:
+        handles.close()
+        for p in (child, other):
+            p.kill()
+            p.wait()

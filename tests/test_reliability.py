@@ -39,7 +39,7 @@ from pgnb.core.sandbox import dispatch_of
 from pgnb.notebook.current import current, set_current
 from pgnb.notebook.view import StatusView
 from pgnb.procs.ownership import cluster_files
-from pgnb.procs.processes import owned_by_token
+from pgnb.procs.processes import owned_by_token, process_state
 
 pytestmark = pytest.mark.integration
 
@@ -571,6 +571,9 @@ def _killed_under_an_idle_world(k, kind):
     assert len(pids) == 1, k.by_kind()
     t_kill = time.monotonic()
     os.kill(pids[0], signal.SIGKILL)
+    # dead, not only signalled: on a loaded machine the process can take a few ms to end, and a cell sent
+    # meanwhile may still get through the controller's schedulers (they are processes of their own)
+    assert wait_until(lambda: process_state(pids[0]) != "running", 2.0, step=0.001) is not None
     return pids[0], t_kill
 
 

@@ -98,8 +98,10 @@ def test_deadline_names_the_late_rank_and_recovers():
         assert "rank 1 did not join within the 2 s timeout" in msg
         assert "--force" in msg and "\n" not in msg
         assert took < 15, took
-        states = {r.rank: r.state for r in sb.snapshot().ranks}
-        assert states == {0: "failed", 1: "failed"}
+        rows = {r.rank: r for r in sb.snapshot().ranks}
+        # rank 1's engine, stuck in its delay, was replaced: lost until the next init (rank 0's is kept)
+        assert {r: row.state for r, row in rows.items()} == {0: "failed", 1: "lost"}
+        assert "engine replaced" in rows[1].error, rows[1].error
         # the next init works on what is left
         sb.init(sb.spec.with_(delay_ranks=(), timeout=30.0))
         assert sb.run(_all_reduce) == [[1.0, 1.0]] * 2

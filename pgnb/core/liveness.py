@@ -3,8 +3,8 @@
 The ipyparallel Client hears of a dead engine only when it is used, and it is
 not thread-safe, so a status view would go on showing a killed rank as
 ``initialized``. A ``Watcher`` thread looks at the pids it was given every
-``PERIOD`` seconds, with psutil only (never the Client), and calls back with
-the pid and the cause: the exit status when a launcher reaped the process
+``PERIOD`` seconds (one ``poll`` of their pidfds, ``pgnb.procs.processes.Handles``;
+never the Client), and calls back with the pid and the cause: the exit status when a launcher reaped the process
 (``cluster.exit_status``) or when it is a zombie nobody reaped yet
 (``zombie_status``), else only that it is gone.
 
@@ -21,7 +21,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from ..procs.processes import process_alive, zombie_status
+from ..procs.processes import Handles, zombie_status
 from .waiting import poll_until
 
 #: Seconds between two looks at the watched pids.
@@ -87,6 +87,7 @@ class Watcher:
         self._describe = describe or (lambda pid, status: describe_exit(status))
         self._period = period
         self._procs: dict[int, tuple[float, int]] = {}  # pid -> (start time, priority)
+        self._handles = Handles()  # their pidfds: a look is one poll (under _lock, as _procs)
         self._lock = threading.Lock()
         # one report at a time: once a look returns, every death it saw has been reported, by it or the thread
         self._reporting = threading.Lock()
@@ -97,6 +98,8 @@ class Watcher:
         """Watch these ``pid -> start time`` (starts the thread on first use)."""
         with self._lock:
             self._procs.update({pid: (started, priority) for pid, started in procs.items()})
+            for pid, started in procs.items():
+                self._handles.add(pid, started)
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(target=self._run, name="pgnb-liveness", daemon=True)
                 self._thread.start()
@@ -106,6 +109,7 @@ class Watcher:
         with self._lock:
             for pid in pids:
                 self._procs.pop(pid, None)
+                self._handles.remove(pid)
 
     def watched(self) -> list[int]:
         with self._lock:
@@ -116,19 +120,23 @@ class Watcher:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
+        with self._lock:
+            self._handles.close()  # a later look reads /proc instead
 
     def look(self, max_priority: int | None = None) -> None:
         """One look now, in the caller's thread (those of at most ``max_priority``): what a magic does
         before it sends work, so that a death of a moment ago is named rather than run into."""
         with self._lock:
-            procs = [(pid, v) for pid, v in self._procs.items() if max_priority is None or v[1] <= max_priority]
-        self._report([(prio, pid) for pid, (started, prio) in procs if not process_alive(pid, started)])
+            procs = {pid: v for pid, v in self._procs.items() if max_priority is None or v[1] <= max_priority}
+            ended = self._handles.ended({pid: started for pid, (started, _) in procs.items()})
+        self._report([(procs[pid][1], pid) for pid in ended])
 
     def _run(self) -> None:
         while not self._stop.wait(self._period):
             with self._lock:
-                procs = list(self._procs.items())
-            self._report([(prio, pid) for pid, (started, prio) in procs if not process_alive(pid, started)])
+                procs = dict(self._procs)
+                ended = self._handles.ended({pid: started for pid, (started, _) in procs.items()})
+            self._report([(procs[pid][1], pid) for pid in ended])
 
     def _report(self, dead: list[tuple[int, int]]) -> None:
         if not dead or self._stop.is_set():
@@ -142,6 +150,7 @@ class Watcher:
                 if self._stop.is_set():
                     return
                 with self._lock:
+                    self._handles.remove(pid)
                     if self._procs.pop(pid, None) is None:
                         continue  # unwatched meanwhile: pgnb stopped it on purpose
                 status = statuses.get(pid)

@@ -93,6 +93,8 @@ def dump_stacks(infos: Mapping[int, EngineInfo], stack_dir: str, code: str = "",
     and a new request goes out.
     """
     out: dict[int, Stack] = {}
+    if not infos:  # every cell asks, for its ranks still running: most often none
+        return out
     answers: dict[int, str] = {}
     waiting: dict[int, _Request] = {}
     with _LOCK:

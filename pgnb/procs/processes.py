@@ -91,13 +91,18 @@ def proc_stat(pid: int) -> list[bytes] | None:
     parent's pid, ``[11]``/``[12]`` user/system CPU in clock ticks, ``[19]`` the start in clock ticks since
     boot, ``[49]`` the exit status of a zombie), or None when there is no such process. Raises ``OSError``
     where there is no ``/proc``, ``ValueError`` on a line it cannot read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+    try:  # os.open/os.read: a third of open()'s cost, and every cell's look reads ten of these
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     except (FileNotFoundError, ProcessLookupError):
         if _HAS_PROC:
             return None
         raise
+    try:
+        stat = os.read(fd, 4096)
+    except ProcessLookupError:  # it ended between the open and the read
+        return None
+    finally:
+        os.close(fd)
     return stat[stat.rindex(b")") + 2:].split()
 
 
@@ -193,3 +198,53 @@ def _process_alive_psutil(pid: int, started: float) -> bool:
         return False
     return abs(created - started) < 0.01 and _state_psutil(pid) == "running"
 
+
+
+class Handles:
+    """Processes watched by pidfd: which of them have ended, all in one ``poll``, not a ``/proc`` read each.
+
+    A pidfd names one process, never a later one with its pid, and is readable once the process
+    has ended (a zombie too). Every ``%%pg`` cell looks at a world's controller, schedulers and
+    zygote before it runs: ten reads of ``/proc`` took ~0.2 ms of a 10 ms cell. Where
+    ``os.pidfd_open`` is missing or refused, ``process_alive`` answers for that process.
+    Not thread-safe: its owner (``pgnb.core.liveness.Watcher``) holds its lock around every call.
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int] = {}
+
+    def add(self, pid: int, started: float) -> None:
+        if pid in self._fds or not hasattr(os, "pidfd_open"):
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # gone already, or no pidfds here
+            return
+        if process_alive(pid, started):  # the process started then, not a later one with its pid
+            self._fds[pid] = fd
+        else:
+            os.close(fd)
+
+    def remove(self, pid: int) -> None:
+        fd = self._fds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def ended(self, procs: dict[int, float]) -> list[int]:
+        """Those of ``procs`` (pid -> start time, as ``start_time`` gives it) that no longer run."""
+        import select
+
+        polled = {self._fds[pid]: pid for pid in procs if pid in self._fds}
+        ended = []
+        if polled:
+            poller = select.poll()
+            for fd in polled:
+                poller.register(fd, select.POLLIN)
+            ended = [polled[fd] for fd, _ in poller.poll(0)]
+        return ended + [pid for pid, started in procs.items()
+                        if pid not in self._fds and not process_alive(pid, started)]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
