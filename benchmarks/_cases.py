@@ -14,7 +14,8 @@ Cases (see ``CASES``):
   ``init_process_group``, memory of its engines, then ``stop_cluster_sync()``.
 - ``session``: one pgnb world of 4 for the warm rows: ``%%pg`` vs ``%%px``,
   all_reduce in ``%%pg`` vs torchrun, memory per rank, re-init, shutdown.
-- ``scale``: world 32: init, an all_reduce checked on every rank, shutdown, nothing left.
+- ``scale``: one world of N ranks: cold init, re-init, a trivial and a printing cell (each beside
+  ``%%px``), ``%pg_status``, ``%pg_show``, a traced all_reduce, memory, shutdown, nothing left.
 - ``live``: live ``%%pg`` in a real Jupyter kernel: print-to-send latency, a print flood vs
   ``%%px --stream``, a trivial cell vs ``%%px``, a compute-only loop watched vs not.
 - ``world_marker``: ``@pytest.mark.world(4)`` tests on a warm world: a trivial test's time, a hang's cost, and
@@ -407,26 +408,58 @@ def _torchrun(nproc: int, spec_json: str) -> dict[str, list[float]]:
     return dict(json.loads(lines[-1].split(" ", 1)[1]))
 
 
-def scale(world: int = 32) -> dict[str, Any]:
-    """A big oversubscribed world: init, an all_reduce checked on every rank, shutdown, nothing left."""
+SCALE_ALLREDUCE = ("t = torch.ones(1024) * (rank + 1)\n"
+                   "dist.all_reduce(t)\n"
+                   "t[0].item() == t[-1].item() == world_size * (world_size + 1) // 2")
+#: What the scale case times at each world size: a magic, its line and cell; the cells with a ``%%px`` twin
+#: alternate with it on the same engines.
+SCALE_CELLS = {"trivial": "x = 1", "print": "print(f'rank {rank} says hello')"}
+
+
+def scale(world: int = 32, cells: int = 20, queries: int = 5) -> dict[str, Any]:
+    """One world of ``world`` ranks (oversubscribed on a small machine): what each step costs at that size.
+
+    Cold init, an all_reduce checked on every rank, re-init on the live engines, a trivial cell and a
+    cell printing one line per rank (each alternating with ``%%px`` on the same engines), ``%pg_status``,
+    ``%pg_show`` of a 1k-float tensor, a traced all_reduce cell, memory per rank, ``%pg_shutdown``
+    with nothing left.
+    """
+    import pgnb
+
     ip = _shell()
     _trace_phases()
+    base = f"--backend gloo --world {world} --timeout 300"
     t0 = time.perf_counter()
-    init = _magic(ip, "pg_init", f"--backend gloo --world {world} --timeout 300")
+    init = _magic(ip, "pg_init", base)
     sb = _check_initialized(world)
-    phases = _phases(t0)
+    out: dict[str, Any] = {"world": world, "init": init, "phases": _phases(t0)}
     engines, nannies, zygotes = _pgnb_processes(sb)
-    memory = _memory_report(engines, nannies, zygotes)
-    cell = ("t = torch.ones(1024) * (rank + 1)\n"
-            "dist.all_reduce(t)\n"
-            "t[0].item() == t[-1].item() == world_size * (world_size + 1) // 2")
-    t0 = time.perf_counter()
-    _magic(ip, "pg", "", cell)
-    allreduce = time.perf_counter() - t0
-    correct = ip.user_ns["_pg"] == [True] * world
-    shutdown = _shutdown_timed(ip, sb)
-    return {"world": world, "init": init, "allreduce_cell": allreduce, "allreduce_correct": correct,
-            "memory": memory, "phases": phases, **shutdown}
+    out["memory"] = _memory_report(engines, nannies, zygotes)
+    out["allreduce_cell"] = _magic(ip, "pg", "", SCALE_ALLREDUCE)
+    out["allreduce_correct"] = ip.user_ns["_pg"] == [True] * world
+    reinit = []
+    for method in ("tcp", "env"):
+        reinit.append(_magic(ip, "pg_init", f"{base} --init-method {method}"))
+        _check_initialized(world)
+    out["reinit"] = statistics.median(reinit)
+    sb = pgnb.current()
+    view = sb.client[sb.engine_ids]
+    view.block = True
+    view.activate()
+    for name, code in SCALE_CELLS.items():
+        samples: dict[str, list[float]] = {"pg": [], "px": []}
+        for i in range(2 + cells):
+            for magic in ("pg", "px"):
+                dt = _magic(ip, magic, "", code)
+                if i >= 2:
+                    samples[magic].append(dt)
+        out[name] = {k: statistics.median(v) for k, v in samples.items()}
+    _magic(ip, "pg", "", "t = torch.rand(1000)")
+    for name, magic, line, cell in (("status", "pg_status", "", None), ("show", "pg_show", "t", None),
+                                    ("traced", "pg", "--trace", "dist.all_reduce(torch.ones(1024))")):
+        out[name] = statistics.median(_magic(ip, magic, line, cell) for _ in range(queries))
+    out.update(_shutdown_timed(ip, sb))
+    return out
 
 
 # ---- live output, in a real Jupyter kernel ------------------------------------------------------------
