@@ -58,7 +58,7 @@ def send(client: Any, pairs: Iterable[tuple[int, int]], fn: Callable[..., Any], 
     packed_kwargs = {k: PrePickled(v) for k, v in kwargs.items()}
     socket = getattr(client, "_mux_stream", None)  # what client.direct_view gives its DirectViews
     build = getattr(client, "_build_targets", None)
-    name = getattr(sent, "name", None) or getattr(fn, "__name__", "f")
+    name = getattr(fn, "__name__", "f")  # what the AsyncResult calls it, as apply_async would
     for rank, engine_id in pairs:
         own = packed_kwargs if per_rank is None else {
             **packed_kwargs, **{k: PrePickled(v) for k, v in per_rank(rank).items()}}

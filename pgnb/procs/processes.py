@@ -13,6 +13,7 @@ reader of that file); elsewhere psutil answers.
 from __future__ import annotations
 
 import os
+import select
 import signal
 from typing import Any, Literal
 
@@ -74,10 +75,11 @@ def kill_all(pids: list[int], grace: float = 1.0, awaited: list[int] | None = No
             p.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
-    first = procs if awaited is None else [p for p in procs if p.pid in set(awaited)]
+    waited = None if awaited is None else set(awaited)
+    first = procs if waited is None else [p for p in procs if p.pid in waited]
     _, alive = psutil.wait_procs(first, timeout=grace)
-    if awaited is not None:
-        alive += [p for p in procs if p not in first and p.is_running()]
+    if waited is not None:
+        alive += [p for p in procs if p.pid not in waited and p.is_running()]
     for p in alive:
         try:
             p.kill()
@@ -232,8 +234,6 @@ class Handles:
 
     def ended(self, procs: dict[int, float]) -> list[int]:
         """Those of ``procs`` (pid -> start time, as ``start_time`` gives it) that no longer run."""
-        import select
-
         polled = {self._fds[pid]: pid for pid in procs if pid in self._fds}
         ended = []
         if polled:
