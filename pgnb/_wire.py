@@ -300,6 +300,17 @@ class TestReply(_TestReplyBase, total=False):
     group_count: int  # torch's group counter: ranks that disagree would name their next group differently
 
 
+class CoverageRun(TypedDict):
+    """``pgnb.rank.coverage.start``: measure this rank as pytest-cov measures the pytest process."""
+
+    source: list[str] | None  # ``--cov`` values (None: ``--cov`` alone, or the config's own source)
+    branch: bool | None  # ``--cov-branch`` (None: as the config says)
+    config_file: str | bool  # ``--cov-config`` (``.coveragerc`` also means coverage's usual files)
+    data_file: str  # the pytest process's data file, absolute: each rank saves beside it, suffixed
+    topdir: str  # the directory pytest-cov measures from (relative sources and config files)
+    contexts: bool  # ``--cov-context=test``: lines are labelled ``<nodeid>|run`` per test
+
+
 class ByName:
     """A pgnb function as an apply request carries it: its module and name, imported on the engine.
 
