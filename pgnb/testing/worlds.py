@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.sandbox import Sandbox
@@ -45,6 +45,10 @@ class WorldPool:
         #: test's own time is not spent on its world's shutdown
         self._retired: list[Sandbox] = []
         self.starts = 0  # how many worlds this pool started (a test's report says when it paid for one)
+        #: called with each world once this pool has started it, and with each before it is shut down
+        #: (pytest-cov's measurement of the ranks, ``pgnb.testing.coverage``)
+        self.on_start: list[Callable[[Sandbox], None]] = []
+        self.on_stop: list[Callable[[Sandbox], None]] = []
 
     @staticmethod
     def key(options: Mapping[str, Any]) -> WorldKey:
@@ -73,6 +77,8 @@ class WorldPool:
             raise
         self.starts += 1
         self._worlds[key] = sb
+        for hook in self.on_start:
+            hook(sb)
         return sb
 
     def has(self, key: WorldKey) -> bool:
@@ -91,6 +97,11 @@ class WorldPool:
     def _stop_retired(self) -> None:
         while self._retired:
             sb = self._retired.pop()
+            for hook in self.on_stop:
+                try:
+                    hook(sb)
+                except Exception as e:  # the world goes all the same
+                    _log.debug("before stopping a recycled world: %s", e)
             try:
                 sb.shutdown()
             except Exception as e:  # it is going anyway; its processes are the reaper's if shutdown failed
