@@ -55,12 +55,15 @@ $(USER_PY):
 	$(USER_PIP) install --upgrade pip
 
 # torch first: a bare torch requirement would pull a CUDA build; pgnb's own requirements come from
-# `pip install .` alone; pgnb itself is reinstalled every time, so the check sees the current tree.
+# installing pgnb's wheel alone, built anew into dist/ every time (the file users get: tests/test_package.py
+# checks its contents and metadata), so the check sees the current tree.
 user-venv: $(USER_PY)
 	@if [ -n "$(TORCH_SPEC)" ]; then $(USER_PIP) install "$(TORCH_SPEC)"; fi
-	$(USER_PIP) install .
+	rm -f dist/pgnb-*.whl
+	$(USER_PIP) wheel --no-deps -w dist .
+	$(USER_PIP) install dist/pgnb-*.whl
 	$(USER_PIP) install nbval pytest
-	$(USER_PIP) install --force-reinstall --no-deps .
+	$(USER_PIP) install --force-reinstall --no-deps dist/pgnb-*.whl
 
 # pytest in one stage; its exit status 5 (no test selected, e.g. PYTEST_ARGS picked another stage's file) is not a failure
 STAGE = IPYTHONDIR=$$(mktemp -d) PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest -x $(PYTEST_ARGS)
