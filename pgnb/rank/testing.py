@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from .._wire import TestCall, TestReply
-from . import debug as rank_debug
+from . import coverage as rank_coverage, debug as rank_debug
 from .cell import clean_message
 
 #: How often the waiting main thread looks at the store for another rank's failure (seconds).
@@ -125,6 +125,7 @@ def run_test(call: TestCall) -> TestReply:
         _tell_peers(dist, _DEBUG_KEY.format(test_id=call["test_id"]), rank)
 
     rank_debug.ON_STOP.append(on_breakpoint)
+    rank_coverage.test_started(call["nodeid"])  # pytest-cov --cov-context=test: this test's label
     try:
         with _fd_capture() as fd_text, _streams(out, err):
             thread.start()

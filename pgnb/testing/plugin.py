@@ -95,7 +95,23 @@ def world_pool(config: pytest.Config) -> WorldPool:
         from .worlds import WorldPool
 
         pool = config.stash[_POOL] = WorldPool()
+        if config.pluginmanager.has_plugin("_cov"):  # pytest-cov measures this run: the ranks too
+            from .coverage import measure
+
+            measure(config, pool)
     return pool
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtestloop(session: pytest.Session) -> Generator[None, Any, Any]:
+    """The ranks save their coverage when the tests are over: inside pytest-cov's wrapper, which combines next."""
+    try:
+        return (yield)
+    finally:
+        if _POOL in session.config.stash and session.config.pluginmanager.has_plugin("_cov"):
+            from .coverage import save_all
+
+            save_all(session.config)
 
 
 @pytest.hookimpl(trylast=True)
