@@ -76,8 +76,26 @@ def sanitizer_file(third_party: bool = False) -> Path:
     return path
 
 
+def version_line() -> str:
+    """``pgnb 0.1.0 (torch 2.13.0, ipyparallel 9.2.0, Python 3.11.7)``: read from the installed metadata, so
+    ``--version`` imports neither torch nor ipyparallel."""
+    from importlib.metadata import PackageNotFoundError, version
+    from platform import python_version
+
+    from . import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            return f"{name} not installed"
+
+    return f"pgnb {__version__} ({installed('torch')}, {installed('ipyparallel')}, Python {python_version()})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pgnb", description="torch.distributed worlds on ipyparallel engines")
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="start a world, show its status, all_reduce once, shut down")
     d.add_argument("--world", "-n", type=int, default=4)
