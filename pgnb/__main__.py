@@ -93,6 +93,18 @@ def version_line() -> str:
     return f"pgnb {__version__} ({installed('torch')}, {installed('ipyparallel')}, Python {python_version()})"
 
 
+def mcp_server() -> int:
+    """``pgnb mcp``, or one line saying what to install."""
+    from importlib.util import find_spec
+
+    if find_spec("mcp") is None:
+        print('pgnb mcp needs the MCP SDK: pip install "pgnb[mcp]"', file=sys.stderr)
+        return 1
+    from .agent.stdio import main as serve
+
+    return serve()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pgnb", description="torch.distributed worlds on ipyparallel engines")
     parser.add_argument("--version", action="version", version=version_line())
@@ -105,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--third-party", action="store_true",
                    help="also normalise other libraries' output: logging timestamps, torch multiprocessing's "
                         "process numbers, the notebook kernel's cell file paths (docs/testing_notebooks.md)")
+    sub.add_parser("mcp", help="an MCP server over stdio holding one warm world, for coding agents "
+                   "(docs/agents.md; needs pip install \"pgnb[mcp]\")")
     args = parser.parse_args(argv)
+    if args.command == "mcp":
+        return mcp_server()
     if args.command == "demo":
         from .errors import PgnbError
 

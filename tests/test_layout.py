@@ -4,7 +4,7 @@ Every ``import`` in ``pgnb/`` counts, including those inside functions and under
 ``TYPE_CHECKING`` (an import hidden in a function is still a dependency). The
 directions (docs/architecture.md):
 
-    notebook -> core -> {rank, procs, _wire, errors, spec}
+    notebook -> agent -> core -> {rank, procs, _wire, errors, spec}
     rank -> _wire        procs -> _wire        spec -> errors
 
 Also: an engine that runs pgnb's rank code loads nothing of the kernel side
@@ -23,8 +23,9 @@ PKG = Path(__file__).resolve().parent.parent / "pgnb"
 
 #: layer -> the pgnb layers it may import (itself always allowed)
 ALLOWED = {
-    "pgnb": {"notebook", "core", "rank", "procs", "_wire", "errors", "spec"},  # __init__, __main__: the top
-    "notebook": {"core", "rank", "procs", "_wire", "errors", "spec"},
+    "pgnb": {"notebook", "agent", "core", "rank", "procs", "_wire", "errors", "spec"},  # __init__, __main__: the top
+    "notebook": {"agent", "core", "rank", "procs", "_wire", "errors", "spec"},  # agent: %pg_mcp serves its tools
+    "agent": {"core", "rank", "procs", "_wire", "errors", "spec"},  # the MCP tools (pgnb mcp, %pg_mcp)
     "testing": {"core", "rank", "spec", "errors", "_wire"},  # the pytest plugin; nothing imports it
     "core": {"rank", "procs", "_wire", "errors", "spec"},
     "rank": {"_wire"},
@@ -36,6 +37,7 @@ ALLOWED = {
 #: Third-party packages a layer may not import: the kernel side stays free of the notebook's UI.
 FORBIDDEN_THIRD_PARTY = {
     "core": ("ipywidgets", "IPython.core.magic", "IPython.display", "matplotlib.pyplot"),
+    "agent": ("ipywidgets", "IPython"),
     "rank": ("ipywidgets", "IPython.core.magic"),
     "procs": ("ipywidgets", "IPython", "torch"),
 }

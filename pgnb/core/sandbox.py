@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import SpecError
 from ..rank import values
 from ..spec import WorldSpec, keywords_signature
+from .cell_log import CellLog
 from .cells import DEFAULT_OPTIONS, NO_HOOKS, CellHooks, CellOptions, run_cell
 from .debug import CallbackPrompter, InputFn, Prompter, post_mortem
 from .dispatch import Dispatch, Dispatcher
@@ -46,6 +47,8 @@ class Sandbox:
         self._world = World(spec=spec, **options)
         self._dispatch = Dispatcher(self._world)
         self._relays: dict[Listener, Callable[[World], None]] = {}  # a view is told of this Sandbox, not its World
+        #: the cell running now and the last ones, for faces that watch from another thread (``pgnb.agent``)
+        self.cells = CellLog()
         _LIVE.add(self)
 
     # ---- the world's lifecycle ------------------------------------------------
@@ -192,6 +195,12 @@ class Sandbox:
         ``CellHooks`` takes any ``pgnb.core.live.LiveSink`` (which also gets every rank's
         state) and ``pgnb.core.debug.Prompter``, and what a skipped breakpoint says.
         """
+        with self.cells.running(code, options.ranks, options.label) as logged:
+            result = self._run_cell(code, options, hooks)
+            logged.done(result)
+        return result
+
+    def _run_cell(self, code: str, options: CellOptions, hooks: CellHooks) -> CellResult:
         chosen = options.ranks
         recording = None
         if options.trace or options.profile:
