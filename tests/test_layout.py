@@ -23,10 +23,11 @@ PKG = Path(__file__).resolve().parent.parent / "pgnb"
 
 #: layer -> the pgnb layers it may import (itself always allowed)
 ALLOWED = {
-    "pgnb": {"notebook", "agent", "core", "rank", "procs", "_wire", "errors", "spec"},  # __init__, __main__: the top
+    "pgnb": {"notebook", "agent", "debugger", "core", "rank", "procs", "_wire", "errors", "spec"},  # __init__, __main__
     "notebook": {"agent", "core", "rank", "procs", "_wire", "errors", "spec"},  # agent: %pg_mcp serves its tools
     "agent": {"core", "rank", "procs", "_wire", "errors", "spec"},  # the MCP tools (pgnb mcp, %pg_mcp)
     "testing": {"core", "rank", "spec", "errors", "_wire"},  # the pytest plugin; nothing imports it
+    "debugger": {"core", "rank", "spec", "errors", "_wire"},  # JupyterLab's Debugger panel; pgnb's top installs it
     "core": {"rank", "procs", "_wire", "errors", "spec"},
     "rank": {"_wire"},
     "procs": {"_wire"},
