@@ -23,6 +23,7 @@ from ..procs import ipcontroller_config
 from ..procs.ownership import cluster_files, sweep, write_state
 from ..procs.processes import OWNER_ENV, ProcessKind, kill_all, owned_by_token, process_running, process_state
 from ..procs.reaper_handle import Reaper
+from ..procs.spawning import undebugged
 from ..rank import engine
 from ..spec import LOCAL_LAUNCHERS
 from . import batchjobs
@@ -90,7 +91,8 @@ def _reaped_process() -> type:
 
 
 def local_engine_set() -> type:
-    """ipyparallel's ``local`` engine-set launcher, unchanged except that it remembers exit statuses.
+    """ipyparallel's ``local`` engine-set launcher, unchanged except that it remembers exit statuses
+    and starts its engines outside the kernel's debugger (:mod:`pgnb.procs.spawning`).
 
     Its wait thread reaps each engine (the kernel is the engines' parent); the
     status it gets is otherwise only delivered through the launcher's event
@@ -104,6 +106,10 @@ def local_engine_set() -> type:
         reaped = _reaped_process()
 
         class _Engine(LocalEngineLauncher):  # type: ignore[misc]
+            def start(self) -> Any:
+                with undebugged():
+                    return super().start()
+
             def _wait(self) -> None:
                 with contextlib.suppress(Exception):  # no process, or an ipyparallel without it: no cause
                     self.process = reaped(self.pid)
@@ -118,7 +124,8 @@ def local_engine_set() -> type:
 
 
 def local_controller() -> type:
-    """ipyparallel's ``local`` controller launcher, remembering how the controller ended (as engines do)."""
+    """ipyparallel's ``local`` controller launcher, remembering how the controller ended and starting it
+    outside the kernel's debugger (as engines do)."""
     global _local_controller
     if _local_controller is None:
         from ipyparallel.cluster.launcher import LocalControllerLauncher
@@ -127,6 +134,10 @@ def local_controller() -> type:
 
         class _Controller(LocalControllerLauncher):  # type: ignore[misc]
             entrypoint_name = "local"  # what the cluster file and `ipcluster` call it
+
+            def start(self) -> Any:
+                with undebugged():
+                    return super().start()
 
             def _wait(self) -> None:
                 with contextlib.suppress(Exception):
@@ -354,9 +365,14 @@ class EnginePool:
         if self._profile_dir:
             kwargs["profile_dir"] = self._profile_dir
         try:
-            return self._ipp.Cluster(**kwargs)
+            cluster = self._ipp.Cluster(**kwargs)
         except Exception as e:  # traitlets rejects an unknown launcher name here
             raise SpecError(f"ipyparallel has no engine launcher {self.launcher!r}: {e}") from None
+        from ipyparallel.cluster.launcher import LocalControllerLauncher
+
+        if cluster.controller_launcher_class is LocalControllerLauncher:  # the profile's default, a local Python
+            cluster.controller_launcher_class = local_controller()  # outside the kernel's debugger too
+        return cluster
 
     def _checked(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` (a blocking ipyparallel call) in a thread of its own, calling ``check`` meanwhile.

@@ -5,5 +5,6 @@ A module here is either a process's main or a library, never both:
 ``forklauncher`` (the zygote's ipyparallel launcher) and ``reaper_handle``
 start and talk to them; ``processes`` (facts about any process) and
 ``ownership`` (which cluster files are pgnb's) serve both sides;
+``spawning`` starts them outside a debugger that traces the kernel;
 ``ipcontroller_config`` is a config file for ipyparallel's controller.
 """

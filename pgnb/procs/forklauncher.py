@@ -50,6 +50,7 @@ from tornado.ioloop import IOLoop
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 
 from .processes import process_state
+from .spawning import undebugged
 
 #: How often a waiting coroutine looks at the zygote's events.
 _POLL_SECONDS = 0.02
@@ -198,7 +199,7 @@ class ForkEngineSetLauncher(EngineLauncher):  # type: ignore[misc]  # ipyparalle
         env = os.environ.copy()
         env.update(engine_env)
         self.log.debug("Starting %s: %r", self.__class__.__name__, self.args)
-        with open(self.zygote_output_file, "ab") as log:
+        with open(self.zygote_output_file, "ab") as log, undebugged():
             self._zygote = Popen(
                 self.args,
                 stdin=PIPE,

@@ -30,6 +30,7 @@ import sys
 import threading
 
 from .processes import start_time
+from .spawning import undebugged
 
 #: The reaper process's module, run as ``python -m`` (named, not imported: the kernel runs none of it).
 REAPER_MAIN = "pgnb.procs.reaper"
@@ -51,14 +52,15 @@ class Reaper:
         self._proc = self._start()
 
     def _start(self) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", REAPER_MAIN, str(os.getpid()), self.token],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # must outlive the kernel's process group
-            text=True,
-        )
+        with undebugged():
+            return subprocess.Popen(
+                [sys.executable, "-m", REAPER_MAIN, str(os.getpid()), self.token],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # must outlive the kernel's process group
+                text=True,
+            )
 
     @property
     def pid(self) -> int:
