@@ -83,5 +83,7 @@ def __dir__() -> list[str]:
 def load_ipython_extension(ip: Any) -> None:
     """``%load_ext pgnb``: register the magics on this shell."""
     from .notebook.magics import PgMagics
+    from .notebook.mcp import McpMagics
 
     ip.register_magics(PgMagics(ip))
+    ip.register_magics(McpMagics(ip))
