@@ -95,7 +95,7 @@ def world_pool(config: pytest.Config) -> WorldPool:
         from .worlds import WorldPool
 
         pool = config.stash[_POOL] = WorldPool()
-        if config.pluginmanager.has_plugin("_cov"):  # pytest-cov measures this run: the ranks too
+        if _measured(config):  # pytest-cov measures this run: the ranks too
             from .coverage import measure
 
             measure(config, pool)
@@ -108,10 +108,15 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, Any, Any]:
     try:
         return (yield)
     finally:
-        if _POOL in session.config.stash and session.config.pluginmanager.has_plugin("_cov"):
+        if _POOL in session.config.stash and _measured(session.config):
             from .coverage import save_all
 
             save_all(session.config)
+
+
+def _measured(config: pytest.Config) -> bool:
+    """pytest-cov measures this run (``--cov``, and no ``--no-cov``); nothing of it is imported here."""
+    return getattr(config.pluginmanager.get_plugin("_cov"), "cov_controller", None) is not None
 
 
 @pytest.hookimpl(trylast=True)
