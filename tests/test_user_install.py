@@ -16,6 +16,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from importlib.metadata import Distribution, distributions
 from pathlib import Path
 
@@ -223,3 +224,72 @@ def test_traced_cell_in_a_user_kernel(user_py, tmp_path):
     finally:
         kernel.shutdown()
 
+
+
+# ---- pgnb mcp: without the extra one line, with `pip install "pgnb[mcp]"` the stdio server ------------
+
+
+def test_mcp_without_the_extra_says_what_to_install(user_py):
+    """The plain install has no MCP SDK: ``pgnb mcp`` says in one line what to install, at once."""
+    t0 = time.monotonic()
+    out = subprocess.run([user_py, "-m", "pgnb", "mcp"], capture_output=True, text=True, env=user_env(),
+                         stdin=subprocess.DEVNULL, timeout=60)
+    assert time.monotonic() - t0 < 10
+    assert out.returncode == 1 and out.stdout == "", out
+    assert out.stderr == 'pgnb mcp needs the MCP SDK: pip install "pgnb[mcp]"\n', out.stderr
+
+
+@pytest.fixture(scope="module")
+def mcp_py(user_py, tmp_path_factory):
+    """A venv where ``pip install "<pgnb's wheel>[mcp]"`` ran: over the user venv (a .pth file names its
+    site-packages, so torch and pgnb's other requirements are not installed twice), so pip brings only
+    what the extra adds."""
+    wheels = sorted((ROOT / "dist").glob("pgnb-*.whl"))
+    assert wheels, "no pgnb wheel in dist/ (make user-venv builds it)"
+    venv = tmp_path_factory.mktemp("mcp") / "venv"
+    subprocess.run([user_py, "-m", "venv", str(venv)], check=True, env=user_env())
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True, env=user_env()).stdout.strip()
+    under = subprocess.run([user_py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           capture_output=True, text=True, check=True, env=user_env()).stdout.strip()
+    Path(site, "user_venv.pth").write_text(under + "\n")
+    subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q", f"{wheels[-1]}[mcp]"],
+                   check=True, env=user_env(), timeout=600)
+    return python
+
+
+@pytest.mark.kernel
+def test_mcp_extra_runs_the_stdio_server(mcp_py, tmp_path):
+    """``pip install "pgnb[mcp]"``: pgnb mcp serves over stdio (the SDK's client: a world of 2, an all_reduce),
+    writes nothing but protocol to stdout, and leaves nothing running once the client has closed."""
+    import anyio
+    import psutil
+    from mcp import Client, StdioServerParameters
+
+    stdout = tmp_path / "stdout"
+    cmd = f"exec {mcp_py} -m pgnb mcp | tee {stdout}"  # what the client reads, also kept to be checked
+    params = StdioServerParameters(command="sh", args=["-c", cmd],
+                                   env=user_env(IPYTHONDIR=str(tmp_path / "ipython")), cwd=str(tmp_path))
+    procs: list[psutil.Process] = []
+
+    async def go() -> None:
+        async with Client(params) as client:
+            assert "pg_run" in {t.name for t in (await client.list_tools()).tools}
+            init = await client.call_tool("pg_init", {"world": 2})
+            assert not init.is_error, init.content
+            (server,) = [p for p in psutil.Process().children(recursive=True) if p.cmdline()[-2:] == ["pgnb", "mcp"]]
+            assert server.cmdline()[0] == mcp_py, server.cmdline()
+            procs.extend([server, *server.children(recursive=True)])
+            run = await client.call_tool("pg_run", {"code": "t = torch.ones(1)\ndist.all_reduce(t)\nprint(t)"})
+            assert [r["stdout"] for r in run.structured_content["ranks"]] == ["tensor([2.])\n"] * 2, run.content
+
+    anyio.run(go)
+    lines = stdout.read_text().splitlines()
+    assert lines, "the server wrote nothing"
+    for line in lines:
+        assert json.loads(line)["jsonrpc"] == "2.0", line
+    deadline = time.monotonic() + 10
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(procs) >= 5 and not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
