@@ -145,6 +145,16 @@ class DebugArgs(TypedDict, total=False):
     path: str | None  # the kernel's Unix socket for this cell (None: nothing can answer)
     why: str  # when path is None: why a breakpoint is skipped, one line
     post_mortem: bool  # %%pg --pdb: a rank that raises opens pdb where it raised
+    panel: PanelArgs  # JupyterLab's Debugger panel is on: the cell runs under pydevd (``pgnb.rank.dap``)
+
+
+class PanelArgs(TypedDict):
+    """A cell run while the kernel's visual debugger is on: where the rank's pydevd connects, and the
+    file name and line offset that make the cell's lines the ones JupyterLab shows (``pgnb.debugger``)."""
+
+    port: int  # the kernel's DAP listener on 127.0.0.1
+    cell_file: str  # the path ``dumpCell`` gives the cell's full text (the ``%%pg`` line included)
+    line_offset: int  # lines of the cell above its body (the ``%%pg`` line)
 
 
 class DTensorFacts(TypedDict):
