@@ -81,9 +81,11 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(ip: Any) -> None:
-    """``%load_ext pgnb``: register the magics on this shell."""
+    """``%load_ext pgnb``: register the magics on this shell (and, in a kernel with a debugger, JupyterLab's
+    Debugger panel reaches the ranks of ``%%pg`` cells)."""
+    from .debugger import install
     from .notebook.magics import PgMagics
     from .notebook.mcp import McpMagics
 
-    ip.register_magics(PgMagics(ip))
+    ip.register_magics(PgMagics(ip, panel=install(ip)))
     ip.register_magics(McpMagics(ip))

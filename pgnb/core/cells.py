@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._wire import CellReply, DebugArgs, TraceArgs
+from .._wire import CellReply, DebugArgs, PanelArgs, TraceArgs
 from ..rank import cell as rank_cell
 from ..spec import init_command
 from .busy import BusyEntry
@@ -58,6 +58,25 @@ class Recorder(Protocol):
     def collect(self, running: list[int]) -> Trace: ...
 
 
+class Panel(Protocol):
+    """JupyterLab's Debugger panel as a cell sees it (``pgnb.debugger.Bridge``): off, or where ranks stop."""
+
+    def cell_args(self, world: Dispatch, code: str) -> PanelArgs | None:
+        """What the ranks need to run this cell under the panel; None while the debugger is off."""
+
+    def stopped_seconds(self) -> float:
+        """Seconds of this cell so far during which a rank was stopped in the panel."""
+
+    def tick(self) -> None:
+        """Called from the cell's wait loop (main thread)."""
+
+    def release(self) -> None:
+        """Let every stopped rank run on, breakpoints off until the next cell (an interrupt)."""
+
+    def cell_done(self) -> None:
+        """The cell's wait is over."""
+
+
 @dataclass(frozen=True)
 class CellOptions:
     """How one cell runs, as one value: ``%%pg``'s options, ``Sandbox.execute``'s keywords."""
@@ -77,6 +96,7 @@ class CellHooks:
     output: LiveSink | None = None  # what the ranks print, and their states, as the cell runs (``pgnb.core.live``)
     prompter: Prompter | None = None  # answers a rank's ``breakpoint()`` (``pgnb.core.debug``)
     no_input: str = NO_INPUT  # without a prompter a breakpoint is skipped with this line
+    panel: Panel | None = None  # JupyterLab's Debugger panel, when the kernel has one (``pgnb.debugger``)
 
     @classmethod
     def calling(cls, on_output: OutputFn | None = None, on_input: InputFn | None = None) -> CellHooks:
@@ -117,28 +137,41 @@ def run_cell(world: Dispatch, code: str, options: CellOptions = DEFAULT_OPTIONS,
     watch: LiveCell | None = None
     server = None if prompter is None else DebugServer(stack_dir, prompter, options.pdb)
     debug: DebugArgs = server.args() if server is not None else {"path": None, "why": hooks.no_input}
+    panel = hooks.panel
+    panel_args = None if panel is None else panel.cell_args(world, code)
+    if panel_args is not None:
+        debug["panel"] = panel_args
 
     def tick() -> None:
         if server is not None:
             server.poll()
         if watch is not None:
             watch.tick()
+        if panel is not None and panel_args is not None:
+            panel.tick()
 
-    def until() -> float | None:  # time at a debugger prompt is not the cell's
-        return None if deadline is None else deadline + (server.waited if server is not None else 0.0)
+    def until() -> float | None:  # time at a debugger prompt or stopped in the panel is not the cell's
+        if deadline is None:
+            return None
+        stopped = panel.stopped_seconds() if panel is not None and panel_args is not None else 0.0
+        return deadline + (server.waited if server is not None else 0.0) + stopped
 
     per_rank = None if recording is None else (lambda r: {"trace": recording.engine_args(r)})
     try:  # an interrupt even while submitting reaches the ranks already started (``ars`` grows in place)
         ars.extend(send(client, pairs, rank_cell.run_cell, code, label, stack_dir, debug=debug, per_rank=per_rank))
         watch = None if hooks.output is None else LiveCell(world, ars, hooks.output, code)
         # also stops soon after a rank's engine dies
-        lost = world.wait_ranks(ars, until, tick=tick if (watch or server) else None)
+        lost = world.wait_ranks(ars, until, tick=tick if (watch or server or panel_args) else None)
     except KeyboardInterrupt:
         interrupted = True
+        if panel is not None and panel_args is not None:
+            panel.release()  # a rank stopped in the panel runs on, into the interrupt
         _interrupt(world, [(r, ar) for r, ar in ars if not ar.ready()])
     finally:
         if server is not None:
             server.close()
+        if panel is not None and panel_args is not None:
+            panel.cell_done()
     if watch is not None:
         watch.flush(lost)
     running = [r for r, ar in ars if not ar.ready() and r not in lost]

@@ -22,7 +22,7 @@ from IPython.core.magic_arguments import (
 )
 from IPython.display import display
 
-from ..core.cells import NO_INPUT, CellHooks, CellOptions
+from ..core.cells import NO_INPUT, CellHooks, CellOptions, Panel
 from ..core.failures import kill_rank
 from ..core.results import CellInterrupted, CellResult
 from ..core.sandbox import Sandbox, dispatch_of
@@ -76,8 +76,10 @@ class PgMagics(Magics):
     """``%pg_init``, ``%%pg``, ``%pg_status``, ``%pg_show``, ``%pg_debug``, ``%pg_kill``, ``%pg_destroy``,
     ``%pg_shutdown``."""
 
-    def __init__(self, shell: Any) -> None:
+    def __init__(self, shell: Any, panel: Panel | None = None) -> None:
         super().__init__(shell)
+        #: JupyterLab's Debugger panel on this kernel (``pgnb.debugger``), when there is one
+        self.panel = panel
         #: the newest status view: the only one that follows its world
         self._view: StatusView | None = None
         #: tracebacks of pgnb's own internal errors in these magics (``%pg_status --debug``)
@@ -180,7 +182,7 @@ class PgMagics(Magics):
         sb = self._world()
         shell = self._shell()
         options, push, out = _read_cell_line(args, sb.spec.world, shell)
-        result = _run_in_notebook(shell, sb, cell, options, push, out)
+        result = _run_in_notebook(shell, sb, cell, options, push, out, self.panel)
         self._failed = [r.rank for r in result.ranks if r.state == "failed"]
         err = result.error()
         if err is not None:
@@ -305,7 +307,7 @@ def _read_cell_line(args: Any, world: int, shell: Any) -> tuple[CellOptions, dic
 
 
 def _run_in_notebook(shell: Any, sb: Sandbox, cell: str, options: CellOptions, push: dict[str, Any],
-                     out: str | None) -> CellResult:
+                     out: str | None, panel: Panel | None = None) -> CellResult:
     """Run a ``%%pg`` cell: live while it runs, then its grouped output, its trace and profile, ``_pg``."""
     ranks = None if options.ranks is None else list(options.ranks)
     view: LiveView | None = None
@@ -319,7 +321,8 @@ def _run_in_notebook(shell: Any, sb: Sandbox, cell: str, options: CellOptions, p
         elif _is_terminal(shell):
             sink = TerminalSink()
         prompter, no_input = _prompter(shell)
-        result = sb.run_cell(cell, options, CellHooks(output=sink, prompter=prompter, no_input=no_input or NO_INPUT))
+        result = sb.run_cell(cell, options, CellHooks(output=sink, prompter=prompter, no_input=no_input or NO_INPUT,
+                                                      panel=panel))
     except CellInterrupted as e:
         result = e.result
     finally:

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from .._wire import CellError, CellReply, DebugArgs, PackedValue, TraceArgs
-from . import children as rank_children, debug as rank_debug, rendezvous as rank_rendezvous
+from . import children as rank_children, dap as rank_dap, debug as rank_debug, rendezvous as rank_rendezvous
 from .stacks import enable_stack_dumps
 from .values import to_cpu
 
@@ -52,6 +52,16 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
 
     rank = int(shell.user_ns.get("rank", -1))
     hooks = rank_debug.install(debug, rank)
+    panel = None if debug is None else debug.get("panel")
+    if panel is not None:  # JupyterLab's Debugger panel is on: the cell runs under pydevd
+        why = rank_dap.connect(panel)
+        if why:
+            print(f"pgnb: rank {rank} runs without the visual debugger: {why}", file=sys.stderr)
+            panel = None
+        else:
+            sys.breakpointhook = lambda *_, **__: rank_dap.breakpoint_here(sys._getframe(1))
+    elif rank_dap.connected():  # the panel was switched off: trace no more
+        rank_dap.disconnect()
     _exits_like_sys_exit(shell)
 
     if trace is not None:
@@ -69,7 +79,11 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
         shell.execution_count = label
     try:
         rank_children.watch(stack_dir)  # a spawned child's traceback goes to its fd 2, the engine's log
-        res = shell.run_cell(code, store_history=False, silent=False)
+        if panel is None:
+            res = shell.run_cell(code, store_history=False, silent=False)
+        else:
+            with rank_dap.compiled_as(shell, panel) as lines_above:
+                res = shell.run_cell(lines_above + code, store_history=False, silent=False)
     finally:
         spawned = rank_children.unwatch(short_path)
         if trace is not None:
