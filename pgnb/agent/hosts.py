@@ -10,7 +10,9 @@ The notebook's host (``pgnb.notebook.mcp``) runs actions on the kernel's main th
 from __future__ import annotations
 
 import contextlib
+import importlib
 import re
+import sys
 import threading
 from collections.abc import Callable
 from typing import Protocol, TypeVar
@@ -70,6 +72,11 @@ class OwnWorld:
 
     def set_sandbox(self, sb: Sandbox | None) -> None:
         self._sb = sb
+        if sb is not None and "torch" not in sys.modules:
+            # a run's values come back pickled, and the first tensor unpickled imports torch here (3-10 s on
+            # 2 busy cores): import it now, beside the world's start, not inside the first run's time
+            threading.Thread(target=importlib.import_module, args=("torch",), name="pgnb-import-torch",
+                             daemon=True).start()
 
     def act(self, what: str, fn: Callable[[], T]) -> T:
         if not self._lock.acquire(blocking=False):

@@ -8,6 +8,7 @@ the middle and says how much was cut, in both forms.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from pydantic import BaseModel, Field
 
@@ -135,12 +136,10 @@ def rank_run(r: RankOutput) -> RankRun:
 
 
 def run_result(result: CellResult, world: WorldState | None = None, recover: str = "") -> RunResult:
-    """``result`` as a tool answers it; ``recover`` replaces the notebook's ``%pg_init ... --force`` hint."""
-    err = result.error()
-    line = "" if err is None else str(err)
-    if recover and result.recover and result.recover in line:
-        line = line.replace(f"`{result.recover}`", recover)
-    return RunResult(ok=err is None, error=line, timed_out=any(r.state == "still running" for r in result.ranks),
+    """``result`` as a tool answers it; ``recover``: what frees the world, instead of ``%pg_init ... --force``."""
+    err = (replace(result, recover=recover) if recover else result).error()
+    return RunResult(ok=err is None, error="" if err is None else str(err),
+                     timed_out=any(r.state == "still running" for r in result.ranks),
                      ranks=[rank_run(r) for r in result.ranks],
                      trace="" if result.trace is None else result.trace.summary(), world=world)
 
