@@ -93,8 +93,16 @@ def save_all(config: pytest.Config) -> None:
         fn()
 
 
+def measure_world(config: pytest.Config, sb: Sandbox) -> None:
+    """Measure the ranks of a world the run's pool did not start, if pytest-cov measures this run; whoever
+    started it calls ``save(sb)`` before stopping it, and before the tests are over (pytest-cov combines then)."""
+    run = coverage_run(config)
+    if run is not None:
+        start(sb, run)
+
+
 def start(sb: Sandbox, run: CoverageRun) -> None:
-    """Measure the ranks of ``sb`` (a world the pool did not start, too: torch's own harness may make one)."""
+    """Measure the ranks of ``sb``; a world that cannot gives one warning line and runs its tests unmeasured."""
     from ..errors import PgnbError
     from ..rank import coverage as rank_coverage
 
