@@ -6,6 +6,7 @@ directions (docs/architecture.md):
 
     notebook -> agent -> core -> {rank, procs, _wire, errors, spec}
     rank -> _wire        procs -> _wire        spec -> errors
+    every layer -> _private_names (stdlib only, like _wire)
 
 Also: an engine that runs pgnb's rank code loads nothing of the kernel side
 (checked on a real world).
@@ -23,17 +24,23 @@ PKG = Path(__file__).resolve().parent.parent / "pgnb"
 
 #: layer -> the pgnb layers it may import (itself always allowed)
 ALLOWED = {
-    "pgnb": {"notebook", "agent", "debugger", "core", "rank", "procs", "_wire", "errors", "spec"},  # __init__, __main__
-    "notebook": {"agent", "core", "rank", "procs", "_wire", "errors", "spec"},  # agent: %pg_mcp serves its tools
-    "agent": {"core", "rank", "procs", "_wire", "errors", "spec"},  # the MCP tools (pgnb mcp, %pg_mcp)
-    "testing": {"core", "rank", "spec", "errors", "_wire"},  # the pytest plugin; nothing imports it
-    "debugger": {"core", "rank", "spec", "errors", "_wire"},  # JupyterLab's Debugger panel; pgnb's top installs it
-    "core": {"rank", "procs", "_wire", "errors", "spec"},
-    "rank": {"_wire"},
-    "procs": {"_wire"},
+    "pgnb": {"notebook", "agent", "debugger", "core", "rank", "procs", "_wire", "_private_names", "errors",
+             "spec"},  # __init__, __main__
+    "notebook": {"agent", "core", "rank", "procs", "_wire", "_private_names", "errors",
+                 "spec"},  # agent: %pg_mcp serves its tools
+    "agent": {"core", "rank", "procs", "_wire", "_private_names", "errors",
+              "spec"},  # the MCP tools (pgnb mcp, %pg_mcp)
+    "testing": {"core", "rank", "spec", "errors", "_wire", "_private_names"},  # the pytest plugin; nothing imports it
+    "debugger": {"core", "rank", "spec", "errors", "_wire",
+                 "_private_names"},  # JupyterLab's Debugger panel; pgnb's top installs it
+    "core": {"rank", "procs", "_wire", "_private_names", "errors", "spec"},
+    "rank": {"_wire", "_private_names"},
+    "procs": {"_wire", "_private_names"},
     "spec": {"errors"},
     "errors": set(),
     "_wire": set(),
+    # stdlib only: every private name of torch's, ipyparallel's, ... that pgnb uses, for both sides
+    "_private_names": set(),
 }
 #: Third-party packages a layer may not import: the kernel side stays free of the notebook's UI.
 FORBIDDEN_THIRD_PARTY = {

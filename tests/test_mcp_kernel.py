@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import httpx2
+import psutil
 import pytest
 from kernel_util import Kernel
 from mcp import Client
@@ -74,6 +75,10 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
 
 def test_tools_on_a_hanging_cell(kernel: Kernel) -> None:
     url, token = serve(kernel)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    bound = {c.laddr.ip for c in psutil.Process(kernel.pid).net_connections("inet")
+             if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    assert bound == {"127.0.0.1"}, bound
     # no token, or a wrong one: refused before the SDK sees the request
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": token}):
         req = urllib.request.Request(url, data=b"{}", method="POST",

@@ -235,6 +235,6 @@ def cells_text(res: CellsResult) -> str:
         return "no %%pg cell has ended yet"
     parts = []
     for c in res.cells:
-        name = f"In [{c.label}]" if c.label is not None else "a cell"
+        name = f"In [{c.label}]" if c.label is not None else "a pg_run"
         parts.append(f"=== {name}:\n{c.code.rstrip()}\n--- output:\n{run_text(c.result)}")
     return "\n".join(parts)

@@ -45,6 +45,8 @@ import threading
 import time
 from typing import Any
 
+from .._private_names import require
+
 #: Collective functions: name -> the parameters whose tensors describe the call
 #: (the ones every rank must agree on; outputs that only some ranks pass are left out).
 COLLECTIVES: dict[str, tuple[str, ...]] = {
@@ -755,6 +757,7 @@ def start(trace_dir: str | None, name: str, meta: dict[str, Any] | None = None) 
     import torch.distributed as dist
 
     stop()
+    require("trace")  # one line naming a private name of torch's that moved, before any wrapping
     path = None
     if trace_dir is not None and os.path.isdir(trace_dir):
         path = os.path.join(trace_dir, name)

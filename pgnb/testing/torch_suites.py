@@ -52,6 +52,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .._private_names import PrivateNameMoved, require
+
 if TYPE_CHECKING:
     from .._wire import TestReply, TorchTestOutcome, TorchTestRun
     from ..core.results import RankOutput
@@ -105,6 +107,11 @@ def torch_case(item: pytest.Item) -> type | None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if not enabled(session.config):
         return
+    if HARNESS in sys.modules:  # torch's harness is in use: the private names of it this option cannot do without
+        try:
+            require("torch_suites")
+        except PrivateNameMoved as e:
+            raise pytest.UsageError(str(e)) from None
     sizes, harness = [], set()
     for item in session.items:
         cls = torch_case(item)
