@@ -253,6 +253,24 @@ class TorchTestOutcome(TypedDict):
     clean: bool  # every process group the test left was destroyed: the rank can run the next test
 
 
+class TorchClassRun(TypedDict):
+    """``pgnb.rank.torch_continuous.set_up``: a torch ``MultiProcContinuousTest`` class on one rank.
+
+    What torch's ``_worker_loop`` process would have had: the class (found as for a
+    ``TorchTestRun``), the world size and rendezvous file it inits its group with,
+    and the parent's environment, working directory and import path.
+    """
+
+    module: str
+    path: str
+    qualname: str
+    world_size: int
+    rdvz_file: str  # the class's FileStore file (a fresh one for every init of the class's group)
+    env: dict[str, str]
+    cwd: str
+    sys_path: list[str]
+
+
 def stack_file(stack_dir: str, pid: int) -> str:
     """Where the engine with ``pid`` writes its stack dumps (one 0600 file per engine)."""
     return os.path.join(stack_dir, f"stacks-{pid}.txt")

@@ -3,10 +3,13 @@
 Each inner session runs in a process of its own. One small suite (world 2: a pass, a
 failure where rank 1 raises while rank 0 waits for it in a collective, a skip by
 torch's TEST_SKIPS exit code, a DTensorTestBase test with @with_comms, a class that
-overrides ``_run``, a test left to torch's spawning) runs under torch's own
-spawning and under the plugin; every test's verdict must be the same. A hung
-test fails at the plugin's timeout with every rank's stack, and the test after
-it passes on a fresh world.
+overrides ``_run``, a test left to torch's spawning, and two MultiProcContinuousTest
+classes, one of them skipped by its _init_pg) runs under torch's own harnesses and
+under the plugin; every test's verdict must be the same. A hung test fails at the
+plugin's timeout with every rank's stack, and the test after it passes on a fresh
+world. In a continuous class, a test that fails on rank 1 while rank 0 waits in a
+barrier costs only itself (torch's harness waits out its group's 120 s timeout and
+skips the rest of the class), and so does a hung one.
 """
 
 from __future__ import annotations
@@ -23,13 +26,17 @@ pytestmark = pytest.mark.integration
 
 SUITE = textwrap.dedent('''
     import os
+    import sys
     import time
 
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from torch.testing._internal.common_distributed import MultiProcessTestCase, skip_if_lt_x_gpu
+    from torch.testing._internal.common_distributed import (
+        TEST_SKIPS, MultiProcContinuousTest, MultiProcessTestCase, skip_if_lt_x_gpu)
+
+    os.environ["SUITE_CLASS_MARK"] = "set in the pytest process"
     from torch.testing._internal.distributed._tensor.common_dtensor import DTensorTestBase, with_comms
 
 
@@ -86,6 +93,36 @@ SUITE = textwrap.dedent('''
             self.assertTrue(self.file_name)
 
 
+    class TestContinuous(MultiProcContinuousTest):  # torch's continuous harness: one world for the class
+        world_size = 2
+
+        @classmethod
+        def backend_str(cls):
+            return "gloo"
+
+        def test_collective(self):
+            t = torch.ones(1) * self.rank
+            dist.all_reduce(t)
+            self.assertEqual(t.item(), 1.0)
+            self.assertIs(self.pg, dist.group.WORLD)
+            self.assertEqual(os.environ["LOCAL_RANK"], str(self.rank))  # torch's _init_pg sets it
+
+        def test_seeded(self):
+            self.assertEqual(torch.initial_seed(), 1234)  # torch's set_rng_seed() before each test
+            self.assertEqual(os.environ["SUITE_CLASS_MARK"], "set in the pytest process")
+
+
+    class TestContinuousSkipsAtInit(MultiProcContinuousTest):
+        world_size = 2
+
+        @classmethod
+        def _init_pg(cls, rank, world_size, rdvz_file):
+            sys.exit(TEST_SKIPS["multi-gpu-2"].exit_code)
+
+        def test_never_runs(self):
+            raise AssertionError("a class whose _init_pg skipped runs no test")
+
+
     class TestDTensor(DTensorTestBase):
         @property
         def world_size(self):
@@ -138,7 +175,56 @@ EXPECTED = {
     "TestSuite::test_own_process": ("passed", ""),
     "TestOverridesRun::test_sees_override": ("passed", ""),
     "TestDTensor::test_redistribute": ("passed", ""),
+    "TestContinuous::test_collective": ("passed", ""),
+    "TestContinuous::test_seeded": ("passed", ""),
+    "TestContinuousSkipsAtInit::test_never_runs": ("skipped", "Need at least 2 CUDA devices"),
 }
+
+CONTINUOUS = textwrap.dedent('''
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.common_distributed import MultiProcContinuousTest
+
+
+    class TestFailure(MultiProcContinuousTest):
+        world_size = 2
+
+        @classmethod
+        def backend_str(cls):
+            return "gloo"
+
+        def test_1_pass(self):
+            dist.barrier()
+
+        def test_2_rank_1_fails(self):
+            if self.rank == 1:
+                raise ValueError("rank 1 is broken")
+            dist.barrier()  # rank 0 waits here for rank 1
+
+        def test_3_next_passes(self):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            self.assertEqual(t.item(), 2.0)
+
+
+    class TestHang(MultiProcContinuousTest):
+        world_size = 2
+
+        @classmethod
+        def backend_str(cls):
+            return "gloo"
+
+        def test_1_hangs(self):
+            if self.rank == 0:
+                dist.recv(torch.zeros(1), src=1)  # rank 1 never sends
+            else:
+                time.sleep(600)
+
+        def test_2_next_passes(self):
+            dist.barrier()
+''')
 
 
 def verdicts(path: Path) -> dict[str, tuple[str, str]]:
@@ -190,3 +276,28 @@ def test_hung_test_costs_its_timeout_and_the_next_passes(pytester: pytest.Pytest
     assert "the test ran past its 5 s timeout on ranks 0, 1; pgnb replaced the world" in out, out
     assert "in recv" in out and "in barrier" in out, out  # where each rank was blocked
     assert "test_hang.py, in test_a_hangs" in out, out
+
+
+def test_continuous_failure_and_hang_cost_only_their_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_continuous=CONTINUOUS)
+    pytester.makeini("[pytest]\npgnb_timeout = 5\n")
+    t0 = time.monotonic()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pgnb-torch", "--junitxml=c.xml",
+                                           timeout=300)
+    wall = time.monotonic() - t0
+    print(f"{wall:.1f} s")
+    out = result.stdout.str()
+    assert verdicts(pytester.path / "c.xml") == {
+        "TestFailure::test_1_pass": ("passed", ""),
+        "TestFailure::test_2_rank_1_fails": ("failed", ""),
+        "TestFailure::test_3_next_passes": ("passed", ""),  # no poison pill
+        "TestHang::test_1_hangs": ("failed", ""),
+        "TestHang::test_2_next_passes": ("passed", ""),
+    }, out
+    # the rank that raised, with its traceback, first; the rank in the barrier is its consequence, at once
+    assert "rank 1 failed first: ValueError: rank 1 is broken; rank 0 failed only because of it" in out, out
+    assert 'File "test_continuous.py", line 20, in test_2_rank_1_fails' in out, out
+    # the hang: its timeout, every rank's stack, a fresh world for the next test
+    assert "the test ran past its 5 s timeout on ranks 0, 1; pgnb replaced the world" in out, out
+    assert "in recv" in out and out.count("test_continuous.py, in test_1_hangs") >= 2, out  # both ranks' stacks
+    assert wall < 120, f"{wall:.0f} s: a failure or a hang cost more than its own test"

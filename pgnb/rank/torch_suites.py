@@ -6,8 +6,9 @@ torch's harness starts ``world_size`` processes per test, each calling the class
 the pipe). Here a warm rank makes the call instead: with the parent's environment,
 working directory and import path, a pipe of its own, fd 1 and 2 caught in a file,
 and ``SystemExit`` caught as the exit status. Afterwards it puts back what the
-process would have taken with it when it exited: its environment, directory and
-torch's global flags, and every process group the test left.
+process would have taken with it when it exited: its environment, directory, import
+path and torch's global flags, the globals of the test's modules
+(``pgnb.rank.module_state``), and every process group the test left.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-from .._wire import TorchTestOutcome, TorchTestRun
+from .._wire import TorchClassRun, TorchTestOutcome, TorchTestRun
+from . import module_state
 from .rendezvous import reset_group_counter
 
 #: ``multiprocessing``'s exit status for a target that raised
@@ -44,8 +46,9 @@ def run_torch_test(run: TorchTestRun, ranks: dict[int, int]) -> TorchTestOutcome
         dist.destroy_process_group()
     reset_group_counter(dist)  # a fresh process names its first group "0"
     started = time.time()
-    with _as_spawned(run), _fd_output() as output:
-        cls = _test_class(run)
+    with as_spawned(run), fd_output() as output:
+        cls = test_class(run)
+        module_state.remember(module_state.watched([c.__module__ for c in cls.__mro__]))
         parent, child = multiprocessing.Pipe()
         sent: list[str] = []
         reader = threading.Thread(target=_drain, args=(parent, sent), name="pgnb-torch-pipe", daemon=True)
@@ -55,7 +58,8 @@ def run_torch_test(run: TorchTestRun, ranks: dict[int, int]) -> TorchTestOutcome
         with contextlib.suppress(OSError):
             child.close()  # run_test closes it; an overridden _run may not
         reader.join(PIPE_DRAIN)
-        clean = _destroy_groups(dist)
+        clean = destroy_groups(dist)
+        module_state.restore()  # a spawned process's module globals ended with it
     return {"rank": rank, "exit_code": code, "error": "".join(sent) or uncaught, "ended": ended,
             "seconds": ended - started, "fd_output": output[0], "clean": clean}
 
@@ -94,7 +98,7 @@ def _drain(conn: multiprocessing.connection.Connection, into: list[str]) -> None
         conn.close()
 
 
-def _test_class(run: TorchTestRun) -> Any:
+def test_class(run: TorchTestRun | TorchClassRun) -> Any:
     """The test's class, from its module as pytest imported it (imported once per rank, then kept)."""
     module = sys.modules.get(run["module"])
     if module is None or os.path.realpath(getattr(module, "__file__", "") or "") != os.path.realpath(run["path"]):
@@ -123,7 +127,7 @@ def _import(name: str, path: str) -> Any:
 
 
 @contextlib.contextmanager
-def _as_spawned(run: TorchTestRun) -> Iterator[None]:
+def as_spawned(run: TorchTestRun | TorchClassRun) -> Iterator[None]:
     """The parent's environment, directory and import path for the test; this rank's back afterwards."""
     import torch
 
@@ -132,14 +136,15 @@ def _as_spawned(run: TorchTestRun) -> Iterator[None]:
              torch.is_deterministic_algorithms_warn_only_enabled(), torch.is_grad_enabled(), torch.get_num_threads())
     keep = {k: v for k, v in env.items() if k.startswith("GLOO_SOCKET_IFNAME")}  # the world stays on loopback
     _set_environ({**run["env"], **keep})
-    missing = [p for p in run["sys_path"] if p not in sys.path]
-    sys.path[:0] = missing
+    path = list(sys.path)
+    sys.path[:0] = [p for p in run["sys_path"] if p not in sys.path]
     with contextlib.suppress(OSError):
         os.chdir(run["cwd"])
     try:
         yield
     finally:
         _set_environ(env)
+        sys.path[:] = path
         with contextlib.suppress(OSError):
             os.chdir(cwd)
         torch.set_default_dtype(flags[0])
@@ -157,7 +162,7 @@ def _set_environ(values: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def _fd_output() -> Iterator[list[str]]:
+def fd_output() -> Iterator[list[str]]:
     """What C and C++ code (and torch's logging) write to fd 1 and 2 while the test runs, in one text."""
     out = [""]
     with tempfile.TemporaryFile() as f:
@@ -174,7 +179,7 @@ def _fd_output() -> Iterator[list[str]]:
             out[0] = f.read().decode("utf-8", "replace")
 
 
-def _destroy_groups(dist: Any) -> bool:
+def destroy_groups(dist: Any) -> bool:
     """Destroy every process group the test left (a failed test leaves its own, and its peers'
     collectives then fail at once instead of waiting); False if that failed."""
     clean = True

@@ -70,6 +70,9 @@ PROCESS_CALLS = ("os._exit", "os.kill", "os.killpg", "os.abort", "os.fork", "sig
 #: Where torch's harness lives (imported by every MultiProcessTestCase suite, never by this plugin).
 HARNESS = "torch.testing._internal.common_distributed"
 
+#: torch's continuous harness (MultiProcContinuousTest classes), the same option's other half
+pytest_plugins = ["pgnb.testing.torch_continuous"]
+
 _LEFT = pytest.StashKey[list[tuple[str, str]]]()  # config: (nodeid, reason) of each test left to torch's spawning
 _SIZE = pytest.StashKey[int]()  # config: the largest world_size among the collected torch tests
 _REASON = pytest.StashKey[str]()  # item: why it is left to torch's spawning, known at collection
@@ -112,18 +115,25 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             require("torch_suites")
         except PrivateNameMoved as e:
             raise pytest.UsageError(str(e)) from None
+    from .torch_continuous import continuous_case, world_size
+
     sizes, harness = [], set()
     for item in session.items:
         cls = torch_case(item)
-        if cls is None:
-            continue
-        reason = spawn_reason(item, cls)
-        if reason:
-            item.stash[_REASON] = reason
+        continuous = continuous_case(item) if cls is None else None
+        if cls is not None:
+            reason = spawn_reason(item, cls)
+            if reason:
+                item.stash[_REASON] = reason
+                continue
+            with contextlib.suppress(Exception):  # a property that needs a running test: asked again then
+                sizes.append(int(cls("runTest").world_size))
+        elif continuous is not None:
+            cls = continuous
+            sizes.append(world_size(cls))
+        else:
             continue
         harness |= {c.__module__ for c in cls.__mro__ if c.__module__.startswith("torch.testing.")}
-        with contextlib.suppress(Exception):  # a property that needs a running test: asked again then
-            sizes.append(int(cls("runTest").world_size))
     session.config.stash[_SIZE] = max(sizes, default=0)
     if harness:  # the zygote imports torch's test harness once, before forking the ranks
         from ..core import cluster
@@ -160,7 +170,9 @@ def spawn_reason(item: pytest.Item, cls: type) -> str:
 @pytest.hookimpl(tryfirst=True, wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
     """Have the warm world ready before the test's own time begins (timeouts, durations), as for a world test."""
-    cls = torch_case(item) if enabled(item.config) else None
+    from .torch_continuous import continuous_case
+
+    cls = (torch_case(item) or continuous_case(item)) if enabled(item.config) else None
     if cls is not None and not item.stash.get(_REASON, "") and item.config.stash.get(_SIZE, 0) > 0 \
             and not _unittest_skipped(cls, getattr(item, "name", "")):
         try:
@@ -320,6 +332,8 @@ class WarmRun:
         error_code = harness.MultiProcessTestCase.TEST_ERROR_EXIT_CODE
         overridden = type(case)._check_return_codes is not harness.MultiProcessTestCase._check_return_codes
         raised = any(o is None or o["exit_code"] == error_code for o in outcomes)
+        if raised:
+            pool.suspect(sb)  # the next test on it is probed first
         if raised and not (overridden and all(o is not None for o in outcomes)):
             rows = [_row(out, o, harness) for out, o in zip(result.ranks, outcomes, strict=True)]
             verdict = decide(rows, timeout)
@@ -361,6 +375,9 @@ def world_for(config: pytest.Config, n: int) -> Sandbox:
     pool = world_pool(config)
     key = pool.key({"world": max(n, config.stash.get(_SIZE, 0))})
     sb = pool.worlds().get(key)  # as it is: a world whose group torch's tests destroyed stays so
+    if sb is not None and not pool.healthy(sb):  # a test failed on it: the probe says whether it can go on
+        pool.recycle(sb)
+        sb = None
     if sb is None:
         try:
             sb = pool.get(key)

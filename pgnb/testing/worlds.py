@@ -8,6 +8,11 @@ modules and classes. A test that failed, hung or left the world unusable
 down first). A test that failed but left every rank idle only needs a fresh
 process group on the same engines: ``refresh``. ``close`` stops them all (the end of a pytest session).
 
+A world a test failed on is ``suspect``: before its next test, ``get`` (and the
+runners of torch's suites, through ``healthy``) probe it (``pgnb.rank.probe``:
+every rank answers, and a barrier on a group it holds completes, within
+``PROBE_TIMEOUT``); a world that fails the probe is retired and a fresh one started.
+
 Nothing here knows pytest; the plugin (``pgnb.testing.plugin``) and the runner
 of torch's own suites (``pgnb.testing.torch_suites``) build on it.
 """
@@ -26,6 +31,8 @@ _log = logging.getLogger(__name__)
 
 #: A world's identity in the pool: its validated options (frozen, hashable).
 WorldKey = WorldSpec
+#: Seconds a suspect world's probe may take before the world is retired.
+PROBE_TIMEOUT = 5.0
 
 
 class WorldPool:
@@ -45,6 +52,7 @@ class WorldPool:
         #: test's own time is not spent on its world's shutdown
         self._retired: list[Sandbox] = []
         self.starts = 0  # how many worlds this pool started (a test's report says when it paid for one)
+        self._suspects: set[int] = set()  # id() of worlds a test failed on: probed before their next test
         #: called with each world once this pool has started it, and with each before it is shut down
         #: (pytest-cov's measurement of the ranks, ``pgnb.testing.coverage``)
         self.on_start: list[Callable[[Sandbox], None]] = []
@@ -64,6 +72,10 @@ class WorldPool:
         key = options if isinstance(options, WorldSpec) else self.key(options)
         self._stop_retired()
         sb = self._worlds.get(key)
+        if sb is not None and not self.healthy(sb):
+            self.recycle(key)
+            self._stop_retired()
+            sb = None
         if sb is not None:
             if not sb.is_initialized:  # torch's suites destroy its group (pgnb.testing.torch_suites): ~70 ms
                 sb.start()
@@ -81,6 +93,24 @@ class WorldPool:
             hook(sb)
         return sb
 
+    def suspect(self, sb: Sandbox) -> None:
+        """A test failed on this world: probe it before its next test."""
+        self._suspects.add(id(sb))
+
+    def healthy(self, sb: Sandbox) -> bool:
+        """True unless the world is suspect and fails its probe (a world that passes is no longer suspect)."""
+        if id(sb) not in self._suspects:
+            return True
+        from ..rank.probe import probe
+
+        try:
+            ok = all(sb.run(probe, PROBE_TIMEOUT, timeout=PROBE_TIMEOUT + 2.0))
+        except Exception as e:  # a rank raised, was lost or did not answer in time
+            _log.debug("a suspect world failed its probe: %s", e)
+            ok = False
+        self._suspects.discard(id(sb))
+        return ok
+
     def has(self, key: WorldKey) -> bool:
         """A warm world of this configuration is running now."""
         return key in self._worlds
@@ -92,6 +122,7 @@ class WorldPool:
             key = next((k for k, v in self._worlds.items() if v is key), key.spec)
         sb = self._worlds.pop(key, None)
         if sb is not None:
+            self._suspects.discard(id(sb))
             self._retired.append(sb)
 
     def _stop_retired(self) -> None:
