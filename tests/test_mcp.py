@@ -25,6 +25,7 @@ from mcp import Client, StdioServerParameters
 from pgnb.agent.hosts import OwnWorld
 from pgnb.agent.report import HEAD, TAIL
 from pgnb.agent.tools import server
+from pgnb.procs.processes import process_running
 
 pytestmark = pytest.mark.integration
 
@@ -201,7 +202,7 @@ def assert_gone(procs: list[psutil.Process], after: str) -> None:
     alive = procs
     while alive and time.monotonic() < deadline:
         time.sleep(0.2)
-        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in alive if p.is_running() and process_running(p.pid)]  # is_running: not a reused pid
     assert not alive, f"{GONE:g} s after {after}: {[(p.pid, p.name()) for p in alive]}"
 
 

@@ -267,6 +267,8 @@ def test_mcp_extra_runs_the_stdio_server(mcp_py, tmp_path):
     import psutil
     from mcp import Client, StdioServerParameters
 
+    from pgnb.procs.processes import process_running
+
     stdout = tmp_path / "stdout"
     cmd = f"exec {mcp_py} -m pgnb mcp | tee {stdout}"  # what the client reads, also kept to be checked
     params = StdioServerParameters(command="sh", args=["-c", cmd],
@@ -289,7 +291,10 @@ def test_mcp_extra_runs_the_stdio_server(mcp_py, tmp_path):
     assert lines, "the server wrote nothing"
     for line in lines:
         assert json.loads(line)["jsonrpc"] == "2.0", line
+    def alive() -> list[psutil.Process]:
+        return [p for p in procs if p.is_running() and process_running(p.pid)]  # is_running: not a reused pid
+
     deadline = time.monotonic() + 10
-    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs) and time.monotonic() < deadline:
+    while alive() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert len(procs) >= 5 and not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert len(procs) >= 5 and not alive(), alive()
