@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from ..core.sandbox import Sandbox
     from .verdict import RankRow
 
-from .torch_suites import HARNESS, enabled
+from .torch_suites import HARNESS, collected, enabled, warm_up
 
 #: Seconds a class's set-up or tear-down on the ranks may take (an _init_pg over a FileStore, a destroy).
 CLASS_STEP_TIMEOUT = 60.0
@@ -78,6 +78,23 @@ def world_size(cls: type) -> int:
     with contextlib.suppress(Exception):
         return int(cls._get_world_size("cpu"))  # type: ignore[attr-defined]
     return 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not enabled(session.config):
+        return
+    classes = {cls for cls in map(continuous_case, session.items) if cls is not None}
+    collected(session.config, [world_size(cls) for cls in classes], list(classes))
+
+
+@pytest.hookimpl(tryfirst=True, wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    """The class's world is started before the test's own time begins, as for torch's other harness."""
+    cls = continuous_case(item) if enabled(item.config) else None
+    if cls is not None:
+        warm_up(item, cls)
+    return (yield)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -74,7 +74,7 @@ HARNESS = "torch.testing._internal.common_distributed"
 pytest_plugins = ["pgnb.testing.torch_continuous"]
 
 _LEFT = pytest.StashKey[list[tuple[str, str]]]()  # config: (nodeid, reason) of each test left to torch's spawning
-_SIZE = pytest.StashKey[int]()  # config: the largest world_size among the collected torch tests
+SIZE = pytest.StashKey[int]()  # config: the largest world_size among the collected torch tests (both harnesses)
 _REASON = pytest.StashKey[str]()  # item: why it is left to torch's spawning, known at collection
 _START_ERROR = pytest.StashKey[str]()  # item: why its world did not start (said in the test's call)
 
@@ -115,30 +115,30 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             require("torch_suites")
         except PrivateNameMoved as e:
             raise pytest.UsageError(str(e)) from None
-    from .torch_continuous import continuous_case, world_size
-
-    sizes, harness = [], set()
+    sizes, classes = [], []
     for item in session.items:
         cls = torch_case(item)
-        continuous = continuous_case(item) if cls is None else None
-        if cls is not None:
-            reason = spawn_reason(item, cls)
-            if reason:
-                item.stash[_REASON] = reason
-                continue
-            with contextlib.suppress(Exception):  # a property that needs a running test: asked again then
-                sizes.append(int(cls("runTest").world_size))
-        elif continuous is not None:
-            cls = continuous
-            sizes.append(world_size(cls))
-        else:
+        if cls is None:
             continue
-        harness |= {c.__module__ for c in cls.__mro__ if c.__module__.startswith("torch.testing.")}
-    session.config.stash[_SIZE] = max(sizes, default=0)
-    if harness:  # the zygote imports torch's test harness once, before forking the ranks
+        reason = spawn_reason(item, cls)
+        if reason:
+            item.stash[_REASON] = reason
+            continue
+        classes.append(cls)
+        with contextlib.suppress(Exception):  # a property that needs a running test: asked again then
+            sizes.append(int(cls("runTest").world_size))
+    collected(session.config, sizes, classes)
+
+
+def collected(config: pytest.Config, sizes: list[int], classes: list[type]) -> None:
+    """The collected torch tests' world sizes and classes: one warm world as large as the largest, whose
+    zygote imports torch's test harness (the modules the classes come from) once, before forking the ranks."""
+    config.stash[SIZE] = max([config.stash.get(SIZE, 0), *sizes])
+    harness = {c.__module__ for cls in classes for c in cls.__mro__ if c.__module__.startswith("torch.testing.")}
+    if harness:
         from ..core import cluster
 
-        cluster.ZYGOTE_PRELOAD[:] = sorted(harness)
+        cluster.ZYGOTE_PRELOAD[:] = sorted(set(cluster.ZYGOTE_PRELOAD) | harness)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -170,16 +170,19 @@ def spawn_reason(item: pytest.Item, cls: type) -> str:
 @pytest.hookimpl(tryfirst=True, wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
     """Have the warm world ready before the test's own time begins (timeouts, durations), as for a world test."""
-    from .torch_continuous import continuous_case
+    cls = torch_case(item) if enabled(item.config) else None
+    if cls is not None and not item.stash.get(_REASON, ""):
+        warm_up(item, cls)
+    return (yield)
 
-    cls = (torch_case(item) or continuous_case(item)) if enabled(item.config) else None
-    if cls is not None and not item.stash.get(_REASON, "") and item.config.stash.get(_SIZE, 0) > 0 \
-            and not _unittest_skipped(cls, getattr(item, "name", "")):
+
+def warm_up(item: pytest.Item, cls: type) -> None:
+    """Start the torch tests' world now, unless unittest skips the test before its setUp."""
+    if item.config.stash.get(SIZE, 0) > 0 and not _unittest_skipped(cls, getattr(item, "name", "")):
         try:
             world_for(item.config, 0)
         except Exception as e:  # said at the test, in its call
             item.stash[_START_ERROR] = str(e)
-    return (yield)
 
 
 def _unittest_skipped(cls: type, name: str) -> bool:
@@ -373,7 +376,7 @@ def world_for(config: pytest.Config, n: int) -> Sandbox:
     from .plugin import WorldTestFailed, world_pool
 
     pool = world_pool(config)
-    key = pool.key({"world": max(n, config.stash.get(_SIZE, 0))})
+    key = pool.key({"world": max(n, config.stash.get(SIZE, 0))})
     sb = pool.worlds().get(key)  # as it is: a world whose group torch's tests destroyed stays so
     if sb is not None and not pool.healthy(sb):  # a test failed on it: the probe says whether it can go on
         pool.recycle(sb)
