@@ -123,13 +123,31 @@ def test_tools_on_a_hanging_cell(kernel: Kernel) -> None:
     assert not listening(url)
 
 
+def usage_error(kernel: Kernel, code: str) -> str:
+    """The one line a magic failed with, checked to come at once."""
+    ex = kernel.execute(code)
+    assert ex.error is not None and ex.error["ename"] == "UsageError", ex.text()
+    assert ex.seconds < 5, ex.seconds
+    line = str(ex.error["evalue"])
+    assert "\n" not in line
+    return line
+
+
 def test_shutdown_closes_the_port(kernel: Kernel) -> None:
     url, token = serve(kernel)
-    (status,) = call(url, token, ("pg_status", {}))
+    assert "already serving this world at " + url in usage_error(kernel, "%pg_mcp")
+    (status, stop) = call(url, token, ("pg_status", {}), ("pg_shutdown", {}))
     assert status.structured_content["phase"] == "initialized", status.content[0].text
+    # the notebook owns its world: the agent is told which magic stops it
+    assert stop.is_error and "run %pg_shutdown in the notebook" in stop.content[0].text, stop.content[0].text
     ex = kernel.execute("%pg_shutdown")
     assert ex.status == "ok", ex.text()
     deadline = time.monotonic() + 5
     while listening(url) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not listening(url)
+    # no world, a bad port: one line each, nothing served
+    assert usage_error(kernel, "%pg_mcp").startswith("no process group yet: run %pg_init first")
+    assert "--port must be 0-65535, not 70000" in usage_error(kernel, "%pg_mcp --port 70000")
+    ex = kernel.execute("%pg_mcp --stop")
+    assert ex.status == "ok" and "no MCP server to stop" in ex.text(), ex.text()

@@ -140,13 +140,13 @@ class McpMagics(Magics):
         if self._http is not None and self._http.running:
             raise UsageError(f"already serving this world at {self._http.url} (its token was printed when it "
                              "started); %pg_mcp --stop, then %pg_mcp for a new token")
+        if not 0 <= args.port < 65536:
+            raise UsageError(f"--port must be 0-65535, not {args.port}")
         if find_spec("mcp") is None:
             raise UsageError(NO_SDK)
         sb = current()
         if sb is None or not sb.engine_ids:
             raise UsageError(NOT_STARTED)
-        if not 0 <= args.port < 65536:
-            raise UsageError(f"--port must be 0-65535, not {args.port}")
         print(self.start(sb, args.port))
 
     def start(self, sb: Sandbox, port: int = 0) -> str:
@@ -172,20 +172,31 @@ class McpMagics(Magics):
                 + json.dumps(config, indent=2))
 
     def _on_world(self, sb: Sandbox) -> None:
-        if sb.snapshot().phase == "shut down" and self._http is not None:
-            self._http.close_soon()  # %pg_shutdown (the main thread): the port closes within a moment
+        if sb.snapshot().phase == "shut down":
+            # %pg_shutdown, on the main thread, which a tool of the server may be waiting for: the server is
+            # told to stop now (its port closes within a moment) and joined from a thread of its own
+            http = self._detach()
+            if http is not None:
+                http.close_soon()
+                threading.Thread(target=http.stop, name="pgnb-mcp-stop", daemon=True).start()
 
-    def stop(self) -> bool:
-        """Stop serving (idempotent); whether a server was running."""
+    def _detach(self) -> HttpServer | None:
+        """Forget the server (this magic serves nothing from now on); the server itself, still to stop."""
         http, host, world = self._http, self._host, self._world
         self._http = self._host = self._world = None
         if world is not None:
             world.remove_listener(self._on_world)
         if host is not None:
             host.close()
+        if http is not None:
+            atexit.unregister(self.stop)
+        return http
+
+    def stop(self) -> bool:
+        """Stop serving and close the port (idempotent); whether a server was running."""
+        http = self._detach()
         if http is None:
             return False
         running = http.running
         http.stop()
-        atexit.unregister(self.stop)
         return running
