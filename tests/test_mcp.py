@@ -36,7 +36,7 @@ ALL_REDUCE = "t = torch.ones(2) * (rank + 1)\ndist.all_reduce(t)\nprint(t)"
 HANG = "import time\nif rank == 0:\n    time.sleep(60)\nelse:\n    dist.all_reduce(torch.ones(1))\n"
 BAD = [
     ("pg_run", {"code": "print(1)", "ranks": [0, 7]}, "unknown rank 7"),
-    ("pg_run", {"code": "def f(:\n  pass"}, "does not compile"),
+    ("pg_run", {"code": "def f(:\n  pass"}, "the code does not compile: SyntaxError"),
     ("pg_init", {"world": 0}, "--world must be at least 1"),
     ("pg_init", {"backend": "bogus"}, "unknown backend 'bogus'"),
 ]
@@ -173,6 +173,10 @@ def test_show_trace_and_cells(inproc: Any) -> None:
         assert missing.is_error and len(text(missing).splitlines()) == 1
         cells = await client.call_tool("pg_cells", {"count": 2})
         assert [c["code"] for c in cells.structured_content["cells"]][-1] == ALL_REDUCE
+        # the ranks compile the code as IPython does: a magic is no syntax error
+        magic = await client.call_tool("pg_run", {"code": "%time y = rank + 1\ny"})
+        assert not magic.is_error and [r["value"] for r in magic.structured_content["ranks"]] == ["1", "2"], \
+            text(magic)
 
     with_client(inproc, go)
 

@@ -11,7 +11,6 @@ ask the ranks' stack threads, which answer even inside a collective.
 
 from __future__ import annotations
 
-import ast
 import math
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -223,15 +222,11 @@ class _Tools:
         chosen = self._ranks(sb, ranks)
         if not (timeout > 0 and math.isfinite(timeout)):
             raise ToolError(f"timeout must be a positive number of seconds, not {timeout!r}")
-        try:
-            compile(code, "<code>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
-        except SyntaxError as e:
-            raise ToolError(f"the code does not compile: {type(e).__name__}: {e.msg} (line {e.lineno}); "
-                            "nothing was run") from None
-        except ValueError as e:  # e.g. a NUL byte
-            raise ToolError(f"the code does not compile: {e}; nothing was run") from None
         options = CellOptions(ranks=chosen, timeout=timeout, trace=trace)
         result = self._pgnb(lambda: self.host.act("pg_run", lambda: sb.run_cell(code, options)))
+        if result.ranks and all(r.before_exec for r in result.ranks):
+            # IPython on each rank compiles the code (its magics and ! lines too): refused before it ran anywhere
+            raise ToolError(f"the code does not compile: {result.error()}")
         res = run_result(result, self._world(sb), recover=self._recover())
         return answer(res, run_text(res))
 
