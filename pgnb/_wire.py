@@ -337,6 +337,7 @@ class CoverageRun(TypedDict):
     data_file: str  # the pytest process's data file, absolute: each rank saves beside it, suffixed
     topdir: str  # the directory pytest-cov measures from (relative sources and config files)
     contexts: bool  # ``--cov-context=test``: lines are labelled ``<nodeid>|run`` per test
+    main_thread: bool  # also the engine's own thread (``--pgnb-torch`` runs torch's tests there)
 
 
 class ByName:

@@ -183,7 +183,7 @@ def test_ranks_that_cannot_measure_say_why_in_one_line() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start(sb, {"source": None, "branch": None, "config_file": ".coveragerc", "data_file": "/x/.coverage",
-                   "topdir": "/x", "contexts": False})
+                   "topdir": "/x", "contexts": False, "main_thread": False})
     (w,) = caught
     assert w.category is RankCoverageWarning
     assert str(w.message) == ("pytest-cov cannot measure the ranks of a world of 2 (their lines count as not run): "

@@ -2,10 +2,10 @@
 
 The pytest side (``pgnb.testing.coverage``) calls ``start`` on every rank of a
 world when the world starts, if pytest-cov measures that run, and ``save`` when
-the tests are over (or before the world is stopped). ``start`` measures this
-engine's own thread from then on (``--pgnb-torch`` runs torch's tests there) and
-every thread started after it (a world test's body runs in one,
-``pgnb.rank.testing``); ``save`` stops and writes the data beside the pytest
+the tests are over (or before the world is stopped). ``start`` measures every
+thread started after it (a world test's body runs in one, ``pgnb.rank.testing``)
+and, under ``--pgnb-torch``, which runs torch's tests there, the engine's own
+thread; ``save`` stops and writes the data beside the pytest
 process's own data file, under a name of its own (host, pid, random), where
 pytest-cov's combine finds it.
 
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 from .._wire import CoverageRun
 
 #: Warnings a rank would give for what only the whole run can tell (pytest-cov's xdist workers drop them too).
-_QUIET = ["module-not-imported", "module-not-measured", "no-data-collected", "already-imported"]
+_QUIET = ["module-not-imported", "module-not-measured", "no-data-collected", "already-imported", "trace-changed"]
 #: The Coverage measuring this rank, and how it was started.
 _COV: dict[str, Any] = {}
 
@@ -38,6 +39,10 @@ def start(run: CoverageRun) -> bool:
                                 data_file=run["data_file"], data_suffix=True)
         cov.set_option("run:disable_warnings", _QUIET)
         cov.start()
+        if not run["main_thread"]:
+            # the engine's own work (every cell's messages) untraced: ~2-3 ms a cell less; the tracer
+            # went in within cov.start(), whose frames have returned: set aside now, it has nothing pending
+            sys.settrace(None)
     _COV.update(cov=cov, run=run)
     return True
 

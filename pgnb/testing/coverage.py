@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from . import torch_suites
+
 if TYPE_CHECKING:
     from .._wire import CoverageRun
     from ..core.sandbox import Sandbox
@@ -60,6 +62,7 @@ def coverage_run(config: pytest.Config) -> CoverageRun | None:
         "data_file": os.path.join(topdir, str(cov.config.data_file)),  # absolute stays absolute
         "topdir": topdir,
         "contexts": getattr(options, "cov_context", None) == "test",
+        "main_thread": torch_suites.enabled(config),
     }
 
 
