@@ -81,9 +81,12 @@ async def check_hang(client: Client) -> None:
     """A rank-0 sleep against a rank-1 all_reduce, timeout 5: back within 8 s with both stacks."""
     stacks: list[Any] = []
 
-    async def look() -> None:
-        await anyio.sleep(2.5)
-        stacks.append(await client.call_tool("pg_stacks", {}))
+    async def look() -> None:  # while the run goes (until its 5 s timeout): until rank 1 is seen in the collective
+        for _ in range(6):
+            await anyio.sleep(0.6)
+            stacks[:] = [await client.call_tool("pg_stacks", {})]
+            if stacks[0].structured_content["ranks"][1]["blocked_in"].startswith("all_reduce"):
+                return
 
     t0 = time.monotonic()
     async with anyio.create_task_group() as tg:
