@@ -1,11 +1,12 @@
 """``pytest --cov`` (pytest-cov) counts the lines the ranks ran: marker tests and ``--pgnb-torch`` alike.
 
-One inner session measures a small package whose functions run only on the
-ranks (a ring all-reduce with isend/recv, called from a world test; a function
-a world test calls before it hangs, so its world is retired; one called on the
-world that replaces it; one called by a torch ``MultiProcessTestCase`` test under
-``--pgnb-torch``), all on worlds of 2. Then ``--no-cov`` and a run without
-pytest-cov: nothing of coverage is imported, here or on the ranks.
+Inner sessions measure a small package whose functions run only on the ranks,
+on worlds of 2: world tests (a ring all-reduce with isend/recv; a function a
+test calls before it hangs, so its world is retired; one called on the world
+that replaces it), then ``--pgnb-torch`` (a function a torch
+``MultiProcessTestCase`` test calls, beside the ring's world test). Then
+``--no-cov`` (and, marked slow, a run without pytest-cov: the same path here):
+nothing of coverage is imported, here or on the ranks.
 """
 
 from __future__ import annotations
@@ -139,31 +140,48 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-@pytest.mark.integration
-def test_cov_reports_what_the_ranks_ran(project: pytest.Pytester) -> None:
+def _measured(project: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, set[int], set[int]]:
+    """An inner ``pytest --cov=ringlib`` run: its result, and ringlib's executed and missing lines."""
     t0 = time.monotonic()
     result = project.runpytest_subprocess(
         "-p", "no:cacheprovider", "--cov=ringlib", "--cov-report=json:cov.json", "--cov-report=term-missing",
-        "--pgnb-torch", "-rA", "test_ring.py", "test_torch_ring.py", timeout=240)
-    wall = time.monotonic() - t0
+        "-rA", *args, timeout=240)
+    print(f"\ninner session with --cov {' '.join(args)}: {time.monotonic() - t0:.1f} s", file=sys.stderr)
     out = result.stdout.str()
-    print(f"\ninner session with --cov: {wall:.1f} s", file=sys.stderr)
-    result.assert_outcomes(passed=3, failed=1)
-    assert "FAILED test_ring.py::test_hangs" in out and "PASSED test_torch_ring.py" in out, out
-    report = json.loads((project.path / "cov.json").read_text())
-    (path, data), = report["files"].items()
-    executed, missing = set(data["executed_lines"]), set(data["missing_lines"])
-    # the ring all-reduce on a warm world; a world retired after a hang saved its lines before it stopped;
-    # the world that replaced it; torch's own harness on the ranks (--pgnb-torch)
-    for tag in ("ring", "retired", "new world", "torch"):
-        assert _tagged(tag) <= executed, (tag, _tagged(tag) - executed, out)
-    assert _tagged("never") <= missing, (executed, out)  # a line no rank ran stays missed
-    assert not list(project.path.glob(".coverage.*")), "a rank's data file was left uncombined"
     assert "Coverage JSON written" in out and "RankCoverageWarning" not in out, out
+    assert not list(project.path.glob(".coverage.*")), "a rank's data file was left uncombined"
+    (data,) = json.loads((project.path / "cov.json").read_text())["files"].values()
+    return result, set(data["executed_lines"]), set(data["missing_lines"])
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("off", [["--cov=ringlib", "--no-cov"], ["-p", "no:pytest_cov"]], ids=["no-cov", "without"])
+def test_cov_reports_what_the_ranks_ran(project: pytest.Pytester) -> None:
+    result, executed, missing = _measured(project, "test_ring.py")
+    out = result.stdout.str()
+    result.assert_outcomes(passed=2, failed=1)
+    assert "FAILED test_ring.py::test_hangs" in out, out
+    # the ring all-reduce on a warm world; a world retired after a hang saved its lines before it stopped;
+    # the world that replaced it
+    for tag in ("ring", "retired", "new world"):
+        assert _tagged(tag) <= executed, (tag, _tagged(tag) - executed, out)
+    assert _tagged("never") | _tagged("torch") <= missing, (executed, out)  # lines no rank ran stay missed
+
+
+@pytest.mark.integration
+def test_cov_under_pgnb_torch(project: pytest.Pytester) -> None:
+    """torch's own harness on the ranks (``--pgnb-torch``, in the engine's own thread) and a world test,
+    on one world."""
+    result, executed, missing = _measured(project, "--pgnb-torch", "test_ring.py::test_ring", "test_torch_ring.py")
+    result.assert_outcomes(passed=2)
+    for tag in ("ring", "torch"):
+        assert _tagged(tag) <= executed, (tag, _tagged(tag) - executed, result.stdout.str())
+    assert _tagged("never") <= missing
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("off", [["--cov=ringlib", "--no-cov"],
+                                 pytest.param(["-p", "no:pytest_cov"], marks=pytest.mark.slow)],
+                         ids=["no-cov", "without"])
 def test_no_cov_imports_nothing(project: pytest.Pytester, off: list[str]) -> None:
     result = project.runpytest_subprocess(
         "-p", "no:cacheprovider", *off, "test_nothing.py", timeout=120)
