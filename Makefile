@@ -26,7 +26,7 @@ export PGNB_REQUIRE_SSH
 # Debian packages the tests use (browser test, MPI launcher, network namespaces, SSH launcher, a Slurm cluster).
 APT_PACKAGES := chromium openmpi-bin libopenmpi-dev iproute2 openssh-server openssh-client slurm-wlm munge
 
-.PHONY: demo test venv test-venv user-venv system-deps bench soak reliability lint clean
+.PHONY: demo test venv test-venv user-venv system-deps bench soak reliability lint clean matrix matrix-venvs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,15 @@ test: test-venv
 	$(STAGE) $(PARALLEL) -m "integration and not notebooks and not browser" $(NO_TESTS_OK)
 	$(STAGE) $(PARALLEL) -m "notebooks or browser" $(NO_TESTS_OK)
 
+# The support matrix (docs/supported_versions.md): pgnb's oldest and newest allowed versions, a venv each
+# (.venv-matrix-*), each running a quick part of the suite; the columns and tests are in tests/support_matrix.py.
+# Only the standard library runs it, so CI builds the venvs in the background while lint and make test run.
+matrix:
+	$(PYTHON) tests/support_matrix.py --jobs 2 --workers 1
+
+matrix-venvs:
+	$(PYTHON) tests/support_matrix.py --install-only
+
 # the slow set, then every notebook replayed twice in a row (make test replays most of them once)
 soak: test-venv user-venv
 	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py tests/test_busy.py tests/test_chaos.py tests/test_trace_under_load.py tests/test_slurm.py
@@ -104,4 +113,4 @@ lint: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests/test_layout.py
 
 clean:
-	rm -rf $(VENV) $(USER_VENV) .pytest_cache
+	rm -rf $(VENV) $(USER_VENV) .venv-matrix-* .pytest_cache
