@@ -54,12 +54,29 @@ CONTINUE_ALL = "%pg_continue"
 WARN_SHARE = 0.75
 #: Seconds after a rank runs on before Lab is shown another stopped rank (a step stops the same rank again first).
 REANNOUNCE_AFTER = 0.3
+#: Seconds an interrupt waits for the ranks stopped in the panel to run again before it reaches them.
+RESUME_WAIT = 1.0
 #: Lab's "uncaught" means: the cell raised (IPython catches every cell's exception, so for pydevd it is handled
 #: in library code, after user code).
 _FILTERS = {"uncaught": "userUnhandled"}
+#: Packages no debugger looks into, neither the kernel's own nor the ranks' (``Bridge._hide_the_bridge``): pgnb
+#: and the libraries it runs cells with raise and catch exceptions, which "raised exceptions" would stop at.
+_HIDDEN = ("pgnb", "ipyparallel", "zmq", "tornado", "traitlets", "jupyter_client", "IPython", "ipykernel", "psutil",
+           "asyncio", "concurrent", "json")
 _STEPS = ("next", "stepIn", "stepOut", "continue", "pause")
 _BY_FRAME = ("scopes", "evaluate", "richInspectVariables", "completions", "copyToGlobals", "setExpression")
 _BY_VARS = ("variables", "setVariable")
+
+
+def _hidden_folders() -> list[str]:
+    """The folders of ``_HIDDEN``'s packages (the ranks run the kernel's install: the same paths)."""
+    import importlib.util
+
+    out = []
+    for name in _HIDDEN:
+        spec = importlib.util.find_spec(name)
+        out.extend(spec.submodule_search_locations or [] if spec is not None else [])
+    return out
 
 
 def reply(request: Message, body: dict[str, Any] | None = None, success: bool = True,
@@ -114,6 +131,8 @@ class Bridge:
         self._stop_since: float | None = None
         self._stopped_total = 0.0
         self._warned = False
+        self._resumed = threading.Condition()  # a rank's pydevd said it runs again (``continued``)
+        self._running: set[int] = set()
 
     # ---- Lab's requests ------------------------------------------------------------------------------------
     async def handle(self, request: Message) -> Message:
@@ -125,6 +144,8 @@ class Bridge:
             if answer.get("success"):
                 self.start()
             return answer
+        if command == "attach":
+            self._hide_the_bridge()
         if command == "disconnect":
             self.stop()
             answer = await self._ipykernel(request)
@@ -286,19 +307,19 @@ class Bridge:
         if stop is None and command != "pause":
             return reply(request, success=False, message=f"rank {rank} is not stopped")
         remote_args = {**args, "threadId": stop["threadId"] if stop else args.get("threadId")}
+        if command != "pause":
+            self._ran_on(rank)  # before it runs: its next stop may come before this answer
         answer = await self._ask(rank, command, remote_args)
-        if answer.get("success") and command != "pause":
-            self._ran_on(rank)
         body = {"allThreadsContinued": False} if command == "continue" else None
         return reply(request, body, bool(answer.get("success")), str(answer.get("message", "")))
 
     async def _continue_all(self) -> list[int]:
-        ranks = sorted(self.stopped)
-        answers = [(r, self._ask(r, "continue", {"threadId": self.stopped[r]["threadId"]})) for r in ranks]
-        for r, pending in answers:
-            if (await pending).get("success"):
-                self._ran_on(r)
-        return ranks
+        stops = dict(self.stopped)
+        for r in stops:
+            self._ran_on(r)  # before it runs: its next stop may come before the answer
+        for r, stop in sorted(stops.items()):
+            await self._ask(r, "continue", {"threadId": stop["threadId"]})
+        return sorted(stops)
 
     # ---- breakpoints ---------------------------------------------------------------------------------------
     def _is_pg_cell(self, path: str) -> bool:
@@ -325,6 +346,15 @@ class Bridge:
 
     def _rank_filters(self) -> list[str]:
         return [_FILTERS.get(f, f) for f in self.filters]
+
+    def _hide_the_bridge(self) -> None:
+        """The kernel's own debugpy does not look into pgnb and the libraries it drives a world with: ipykernel
+        skips the modules loaded when the kernel started (``filter_internal_frames``), and these come later. With
+        "raised exceptions" on, the kernel would stop in the exceptions they raise and catch while a cell runs."""
+        modules = getattr(getattr(self.kernel, "debugger", None), "kernel_modules", None)
+        if not isinstance(modules, list):
+            return
+        modules.extend(f for f in _hidden_folders() if f not in modules)  # a folder: pydevd skips what is below it
 
     # ---- the debugger on and off ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -380,7 +410,7 @@ class Bridge:
                 link.close()  # not a rank of the cell that runs
                 return
             link.rank = rank
-            link.call("attach", ATTACH)
+            link.call("attach", {**ATTACH, "rules": [{"path": f, "include": False} for f in _hidden_folders()]})
             for path, wanted in list(self.breakpoints.items()):
                 link.call("setBreakpoints", {"source": {"path": path}, "breakpoints": wanted})
             link.call("setExceptionBreakpoints", {"filters": self._rank_filters()})
@@ -414,6 +444,9 @@ class Bridge:
                                       "description": f"rank {rank}: {body.get('reason', 'stopped')}"})
         elif name == "continued" and rank >= 0:
             self._ran_on(rank)
+            with self._resumed:
+                self._running.add(rank)
+                self._resumed.notify_all()
 
     def _ran_on(self, rank: int) -> None:
         """A rank runs again: Lab forgets its frames; if another rank stays stopped, Lab is shown it soon."""
@@ -477,11 +510,14 @@ class Bridge:
         if remote:
             print(f"pgnb: the visual debugger reaches local ranks only; {ranks_text(remote)} on other hosts "
                   "run without it", file=sys.stderr)
-        if released:  # after an interrupt the ranks got no breakpoints: the panel's come back
-            for link in list(self.links.values()):
-                for p, wanted in list(self.breakpoints.items()):
-                    link.send("setBreakpoints", {"source": {"path": p}, "breakpoints": wanted})
-                link.send("setExceptionBreakpoints", {"filters": self._rank_filters()})
+        if released:  # after an interrupt the ranks got no breakpoints: the panel's are back before the cell runs
+            pending = [link.send("setBreakpoints", {"source": {"path": p}, "breakpoints": wanted})
+                       for link in list(self.links.values()) for p, wanted in list(self.breakpoints.items())]
+            pending += [link.send("setExceptionBreakpoints", {"filters": self._rank_filters()})
+                        for link in list(self.links.values())]
+            for done in pending:
+                with contextlib.suppress(Exception):
+                    done.result(ANSWER_WAIT)
         return {"port": self.port, "cell_file": path, "line_offset": offset}
 
     def stopped_seconds(self) -> float:
@@ -508,18 +544,26 @@ class Bridge:
         with self._lock:
             self._released = True
             links = list(self.links.items())
+        with self._resumed:
+            self._running.clear()
         pending: list[Future[Message]] = []
+        waking = set()
         for rank, link in links:
             for path in list(self.breakpoints):
                 pending.append(link.send("setBreakpoints", {"source": {"path": path}, "breakpoints": []}))
             pending.append(link.send("setExceptionBreakpoints", {"filters": []}))
             stop = self.stopped.get(rank)
             if stop is not None:
+                self._ran_on(rank)
+                waking.add(rank)
                 pending.append(link.send("continue", {"threadId": stop["threadId"]}))
         for done in pending:
             with contextlib.suppress(Exception):
                 done.result(2.0)
-        self._ran_on_all()
+        # the interrupt comes next: it must find the rank in the cell's code, not in pydevd's wait (which it breaks)
+        with self._resumed:
+            self._resumed.wait_for(lambda: waking <= self._running, timeout=RESUME_WAIT)
+        time.sleep(RESUME_WAIT / 10 if waking else 0)
 
     def cell_done(self) -> None:
         with self._lock:

@@ -50,8 +50,8 @@ def connect(args: PanelArgs) -> str:
     when the cell can run under the debugger, else one line that says why it runs without."""
     pydevd = _pydevd()
     db = pydevd.get_global_debugger()
-    if _STATE.get("port") == args["port"] and db is not None and not db.pydb_disposed:
-        return ""
+    if _STATE.get("port") == args["port"] and db is not None and not db.pydb_disposed and sys.gettrace() is not None:
+        return ""  # (an interrupt that lands inside pydevd's own code stops its tracing: then a fresh session)
     disconnect()
     try:
         pydevd.settrace(host="127.0.0.1", port=args["port"], protocol="dap", suspend=False,

@@ -1,0 +1,236 @@
+"""JupyterLab's Debugger panel on the ranks of ``%%pg`` cells, at the protocol Lab 4 speaks.
+
+One real kernel (jupyter_client) for the module, its debugger switched on before
+``%pg_init`` (the bug button first), one 2-rank gloo world: ``debug_request``s on
+the control channel, ``debug_event``s on iopub, cells on the shell channel.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import GONE_WITHIN, alive, wait_gone
+from dap_util import Panel
+from kernel_util import Kernel
+
+from pgnb.debugger.ids import RANK_THREAD
+
+pytestmark = [pytest.mark.integration, pytest.mark.kernel]
+
+CELL = "%%pg\nx = 40 + rank\ny = x + 1\nprint(y)\n"
+GROUPED = "[rank 0]\n41\n[rank 1]\n42\n"
+
+
+@pytest.fixture(scope="module")
+def panel():
+    """A kernel whose debugger is on, then a world of 2; after the module, %pg_shutdown leaves nothing."""
+    k = Kernel()
+    p = Panel(k)
+    try:
+        assert k.execute("%load_ext pgnb").status == "ok"
+        p.start()
+        ex = k.execute("%pg_init --backend gloo --world 2")
+        assert ex.status == "ok", ex.text()
+        p.init_seconds = ex.seconds
+        yield p
+    finally:
+        ex = k.execute("import json, pgnb\nprint(json.dumps(pgnb.current().pids if pgnb.current() else []))")
+        pids = json.loads("".join(o["text"] for o in ex.outputs if o.get("name") == "stdout") or "[]")
+        pids.append(k.pid)
+        assert k.execute("%pg_shutdown").status == "ok"
+        p.stop()
+        k.shutdown()
+        assert wait_gone(pids, timeout=GONE_WITHIN) == [], f"left running: {alive(pids)}"
+
+
+def stdout(ex) -> str:
+    return "".join(o["text"] for o in ex.outputs if o.get("name") == "stdout")
+
+
+def rank_of(event: dict) -> int:
+    return event["body"]["threadId"] - RANK_THREAD
+
+
+def stop_both(panel: Panel, code: str, line: int):
+    """Run ``code`` with a breakpoint on ``line`` of the cell; both ranks' stopped events, by rank."""
+    path = panel.request("dumpCell", {"code": code})["body"]["sourcePath"]
+    reply = panel.request("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": line}]})
+    assert [b["line"] for b in reply["body"]["breakpoints"]] == [line] and reply["body"]["breakpoints"][0]["verified"]
+    running = panel.run(code)
+    stops = {}
+    for _ in range(2):
+        e = panel.event("stopped", running=running)
+        stops[rank_of(e)] = e
+    assert sorted(stops) == [0, 1]
+    return path, running, stops
+
+
+def clear(panel: Panel, path: str) -> None:
+    panel.request("setBreakpoints", {"source": {"path": path}, "breakpoints": []})
+
+
+def test_init_with_the_debugger_on(panel):
+    """The world above started with the debugger on, as fast as the fixtures' worlds start without it."""
+    assert panel.init_seconds < 30
+
+
+def test_a_breakpoint_stops_every_rank_and_the_panel_shows_each(panel):
+    path, running, stops = stop_both(panel, CELL, 3)
+    threads = panel.request("threads")["body"]["threads"]
+    names = {t["id"]: t["name"] for t in threads}
+    assert names[RANK_THREAD] == "rank 0" and names[RANK_THREAD + 1] == "rank 1"
+    for r in (0, 1):
+        frames = panel.frames(RANK_THREAD + r)
+        top = frames[0]
+        assert (top["source"]["path"], top["line"]) == (path, 3)
+        assert top["name"].startswith(f"rank {r}: ")
+        assert {f["name"].split(":")[0] for f in frames} == {"rank 0", "rank 1"}  # every stopped rank's frames
+        assert panel.variables(top["id"])["x"] == str(40 + r)
+        ev = panel.request("evaluate", {"expression": "x * 2", "frameId": top["id"], "context": "repl"})
+        assert ev["body"]["result"] == str(2 * (40 + r))
+    # the rank last shown is rank 1: next steps it to line 4, rank 0 stays on line 3
+    assert panel.request("next", {"threadId": RANK_THREAD + 1})["success"]
+    step = panel.event("stopped", running=running, reason="step")
+    assert rank_of(step) == 1
+    frames = panel.frames(RANK_THREAD + 1)
+    assert [(f["name"].split(":")[0], f["line"]) for f in frames[:2]] == [("rank 1", 4), ("rank 0", 3)]
+    assert panel.variables(frames[0]["id"])["y"] == "42"
+    reply = panel.request("continue", {"threadId": RANK_THREAD + 1})
+    assert reply["success"] and reply["body"]["allThreadsContinued"] is False
+    panel.event("continued", running=running, threadId=RANK_THREAD + 1)
+    panel.event("stopped", running=running, threadId=RANK_THREAD)  # the panel is shown the rank still stopped
+    reply = panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+    assert reply["body"]["result"] == "rank 0 run on"
+    ex = panel.finish(running)
+    clear(panel, path)
+    assert ex.status == "ok" and stdout(ex) == GROUPED
+
+
+def test_a_rank_blocked_in_a_collective_is_shown_with_its_stack(panel):
+    code = "%%pg\nt = torch.ones(1) * rank\nif rank == 0:\n    t += 10\ndist.all_reduce(t)\nprint(t.item())\n"
+    path = panel.request("dumpCell", {"code": code})["body"]["sourcePath"]
+    panel.request("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 4}]})
+    running = panel.run(code)
+    stop = panel.event("stopped", running=running)
+    assert rank_of(stop) == 0
+    deadline = time.monotonic() + 15
+    while True:  # rank 1 reaches its all_reduce and waits there for rank 0
+        frames = panel.frames(RANK_THREAD)
+        blocked = [f for f in frames if f["name"].startswith("rank 1: running")]
+        if blocked and "all_reduce" in blocked[0]["name"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert frames[0]["line"] == 4 and frames[0]["name"].startswith("rank 0: ")
+    assert blocked and "waiting in all_reduce" in blocked[0]["name"], [f["name"] for f in frames]
+    assert any(f["name"] == "rank 1: Cell, line 5" for f in frames), [f["name"] for f in frames]
+    scopes = panel.request("scopes", {"frameId": blocked[0]["id"]})["body"]["scopes"]
+    assert scopes[0]["name"] == "rank 1 (running, not stopped)"
+    assert panel.request("continue", {"threadId": RANK_THREAD})["success"]  # rank 0 was shown last
+    ex = panel.finish(running)
+    clear(panel, path)
+    assert ex.status == "ok" and stdout(ex) == "[rank 0]\n11.0\n[rank 1]\n11.0\n"
+
+
+def test_time_stopped_does_not_count_against_the_cells_timeout(panel):
+    code = "%%pg --timeout 2\nx = 40 + rank\ny = x + 1\nprint(y)\n"
+    path, running, _ = stop_both(panel, code, 3)
+    panel.pump(3.0, running)  # stopped past the timeout
+    assert "%pg_continue" and panel.request("continue", {"threadId": RANK_THREAD, "singleThread": False})["success"]
+    ex = panel.finish(running)
+    clear(panel, path)
+    assert ex.status == "ok" and stdout(ex) == GROUPED
+
+
+def test_breakpoint_call_stops_in_the_panel(panel):
+    running = panel.run("%%pg\nx = 40 + rank\nbreakpoint()\nprint(x)\n")
+    stops = sorted(rank_of(panel.event("stopped", running=running)) for _ in range(2))
+    assert stops == [0, 1]
+    assert panel.frames(RANK_THREAD)[0]["line"] in (3, 4)
+    panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+    ex = panel.finish(running)
+    assert ex.status == "ok" and stdout(ex) == "[rank 0]\n40\n[rank 1]\n41\n"
+
+
+def test_an_exception_stops_only_when_the_panel_asks(panel):
+    code = "%%pg\nx = 1 / rank\nprint(x)\n"
+    t0 = time.monotonic()
+    ex = panel.execute(code, timeout=30)
+    assert ex.status == "error" and "rank 0" in ex.error["stderr"] and time.monotonic() - t0 < 20
+    assert not [e for e in panel.events if e.get("event") == "stopped"]
+    panel.request("setExceptionBreakpoints", {"filters": ["raised"]})
+    try:
+        running = panel.run(code)
+        stop = panel.event("stopped", running=running)
+        assert rank_of(stop) == 0 and stop["body"]["reason"] == "exception"
+        top = panel.frames(RANK_THREAD)[0]
+        assert (top["line"], top["name"]) == (2, "rank 0: <module>")
+        panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+        # then the kernel's own debugger stops where the cell raises the ranks' error (ipykernel's "raised")
+        stop = panel.event("stopped", running=running)
+        assert stop["body"]["threadId"] < RANK_THREAD and stop["body"]["text"] == "UsageError"
+        panel.request("continue", {"threadId": stop["body"]["threadId"]}, running=running)
+        ex = panel.finish(running)
+        assert ex.status == "error" and "ZeroDivisionError" in ex.error["stderr"]
+    finally:
+        panel.request("setExceptionBreakpoints", {"filters": []})
+
+
+def test_a_plain_cell_keeps_ipykernels_debugging(panel):
+    code = "a = 1\nb = a + 1\nprint(b)\n"
+    path = panel.request("dumpCell", {"code": code})["body"]["sourcePath"]
+    panel.request("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 2}]})
+    running = panel.run(code)
+    stop = panel.event("stopped", running=running)
+    assert stop["body"]["threadId"] < RANK_THREAD  # the kernel's own thread
+    top = panel.frames(stop["body"]["threadId"])[0]
+    assert (top["source"]["path"], top["line"]) == (path, 2)
+    panel.request("continue", {"threadId": stop["body"]["threadId"]})
+    ex = panel.finish(running)
+    clear(panel, path)
+    assert ex.status == "ok"  # (its print goes out under the parent of the debugger's last request: ipykernel's)
+
+
+def test_an_interrupt_releases_stopped_ranks_and_ends_the_cell(panel):
+    code = "%%pg\nimport time\nx = 40 + rank\nfor _ in range(600):\n    time.sleep(0.1)\n"
+    path, running, _ = stop_both(panel, code, 3)
+    t0 = time.monotonic()
+    panel.kernel.km.interrupt_kernel()
+    ex = panel.finish(running, timeout=30)
+    assert time.monotonic() - t0 < 15 and ex.status == "error", ex.text()
+    assert ex.error["stderr"].strip().splitlines()[-1] == "UsageError: interrupted: ranks 0, 1 stopped"
+    # the interrupt reached the cell's code (its loop on line 5), not the debugger's wait
+    assert "Cell, line 5" in ex.error["stderr"] and "pydevd" not in ex.text()
+    clear(panel, path)
+    # the next cell runs, and the panel's breakpoints are back for it
+    path, running, _ = stop_both(panel, CELL, 3)
+    panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+    ex = panel.finish(running)
+    clear(panel, path)
+    assert ex.status == "ok" and stdout(ex) == GROUPED
+
+
+def test_switching_the_debugger_off_releases_stopped_ranks(panel):
+    path, running, _ = stop_both(panel, CELL, 3)
+    assert panel.stop()["success"]
+    ex = panel.finish(running, timeout=30)
+    assert ex.status == "ok" and stdout(ex) == GROUPED
+    ex = panel.execute("%%pg\nimport sys\nprint(sys.gettrace() is None)")  # the ranks run untraced again
+    assert ex.status == "ok" and stdout(ex) == "[rank 0]\nTrue\n[rank 1]\nTrue\n"
+    panel.start()  # on again: the ranks connect anew
+    path, running, _ = stop_both(panel, CELL, 3)
+    panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+    ex = panel.finish(running)
+    clear(panel, path)
+    assert ex.status == "ok" and stdout(ex) == GROUPED
+
+
+def test_force_restart_with_the_debugger_on(panel):
+    ex = panel.execute("%pg_init --backend gloo --world 2 --force", timeout=120)
+    assert ex.status == "ok", ex.text()
+    path, running, _ = stop_both(panel, CELL, 3)
+    panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+    ex = panel.finish(running)
+    clear(panel, path)
+    assert ex.status == "ok" and stdout(ex) == GROUPED
