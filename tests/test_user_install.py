@@ -243,18 +243,20 @@ def test_mcp_without_the_extra_says_what_to_install(user_py):
 def mcp_py(user_py, tmp_path_factory):
     """A venv where ``pip install "<pgnb's wheel>[mcp]"`` ran: over the user venv (a .pth file names its
     site-packages, so torch and pgnb's other requirements are not installed twice), so pip brings only
-    what the extra adds."""
+    what the extra adds, into the new venv (the user venv stays a plain install)."""
     wheels = sorted((ROOT / "dist").glob("pgnb-*.whl"))
     assert wheels, "no pgnb wheel in dist/ (make user-venv builds it)"
     venv = tmp_path_factory.mktemp("mcp") / "venv"
-    subprocess.run([user_py, "-m", "venv", str(venv)], check=True, env=user_env())
+    subprocess.run([user_py, "-m", "venv", "--without-pip", str(venv)], check=True, env=user_env())
     python = str(venv / "bin" / "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True, env=user_env()).stdout.strip()
     under = subprocess.run([user_py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                            capture_output=True, text=True, check=True, env=user_env()).stdout.strip()
     Path(site, "user_venv.pth").write_text(under + "\n")
-    subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q", f"{wheels[-1]}[mcp]"],
+    # the user venv's pip installs into the new venv (--python): no pip of its own to bootstrap there
+    subprocess.run([user_py, "-m", "pip", "--python", python, "install", "--disable-pip-version-check", "-q",
+                    "--no-compile", f"{wheels[-1]}[mcp]"],
                    check=True, env=user_env(), timeout=600)
     return python
 
