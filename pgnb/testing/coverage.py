@@ -27,8 +27,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from . import torch_suites
-
 if TYPE_CHECKING:
     from .._wire import CoverageRun
     from ..core.sandbox import Sandbox
@@ -62,8 +60,15 @@ def coverage_run(config: pytest.Config) -> CoverageRun | None:
         "data_file": os.path.join(topdir, str(cov.config.data_file)),  # absolute stays absolute
         "topdir": topdir,
         "contexts": getattr(options, "cov_context", None) == "test",
-        "main_thread": torch_suites.enabled(config),
+        "main_thread": _torch_on_ranks(config),
     }
+
+
+def _torch_on_ranks(config: pytest.Config) -> bool:
+    """``--pgnb-torch``: torch's tests (both harnesses) run in the engines' own thread. Its plugin is looked up
+    as pytest registered it (an import would make a cycle: torch_suites -> plugin -> this module)."""
+    suites = config.pluginmanager.get_plugin("pgnb.testing.torch_suites")
+    return bool(suites is not None and suites.enabled(config))
 
 
 def measure(config: pytest.Config, pool: WorldPool) -> None:
