@@ -54,7 +54,7 @@ COLUMNS = {
 }
 #: What every column runs: one of each kind of thing pgnb does, chosen to be quick.
 TESTS = (
-    "tests/test_private_names.py",
+    "tests/test_private_names.py::test_private_name_is_where_pgnb_expects_it",
     "tests/test_cells.py",
     "tests/test_tutorials.py::test_a_tutorials_main_runs_after_pg_destroy_again_and_again",
     "tests/test_notebooks.py::test_notebook_replays_under_strict_nbval[run1-02_collectives]",
