@@ -32,6 +32,7 @@ With ``--pgnb-torch`` the plugin replaces, for the test's call, the class's
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import tempfile
@@ -110,7 +111,9 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
             cls._processes_spawned = False  # type: ignore[attr-defined]  # a base's processes are not its own
     case = item.instance  # type: ignore[attr-defined]
     waits = item.obj  # type: ignore[attr-defined]  # torch's _worker_run_main_wait wrapper, bound to case
-    cls._spawn_processes = classmethod(state.spawn)  # type: ignore[attr-defined]
+    # a partial, not the bound method: Python 3.10's classmethod binds through a bound method's __get__ and
+    # drops cls (TypeError: spawn() missing 'world_size'; the support matrix's oldest column)
+    cls._spawn_processes = classmethod(functools.partial(ClassWorld.spawn, state))  # type: ignore[attr-defined]
     # pytest calls item.obj as the test method (it sets it on the instance for unittest's run)
     item.obj = types.MethodType(lambda self: state.run(item, self, waits), case)  # type: ignore[attr-defined]
     try:
