@@ -22,6 +22,7 @@ class Panel:
         self.kernel, self.kc = kernel, kernel.kc
         self.seq = 0
         self.events: list[dict[str, Any]] = []
+        self.running: Pending | None = None  # the cell started last: what iopub brings for it is its own
 
     def request(self, command: str, arguments: dict[str, Any] | None = None, timeout: float = 30,
                 running: Pending | None = None) -> dict[str, Any]:
@@ -61,8 +62,8 @@ class Panel:
                 continue
             if msg["msg_type"] == "debug_event":
                 self.events.append(msg["content"])
-            elif running is not None:
-                running._take(msg)
+            elif (running or self.running) is not None:
+                (running or self.running)._take(msg)
 
     def event(self, name: str, timeout: float = 30, running: Pending | None = None, **body: Any) -> dict[str, Any]:
         """The first kept event ``name`` whose body has ``body``'s items (waits for it)."""
@@ -79,7 +80,8 @@ class Panel:
 
     def run(self, code: str) -> Pending:
         """Start a cell; read it with ``pump``/``event``/``finish``."""
-        return self.kernel.pending(self.kernel.kc.execute(code))
+        self.running = self.kernel.pending(self.kernel.kc.execute(code))
+        return self.running
 
     def finish(self, running: Pending, timeout: float = 60) -> Execution:
         deadline = time.monotonic() + timeout

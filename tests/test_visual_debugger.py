@@ -90,6 +90,8 @@ def test_a_breakpoint_stops_every_rank_and_the_panel_shows_each(panel):
         assert panel.variables(top["id"])["x"] == str(40 + r)
         ev = panel.request("evaluate", {"expression": "x * 2", "frameId": top["id"], "context": "repl"})
         assert ev["body"]["result"] == str(2 * (40 + r))
+        rich = panel.request("richInspectVariables", {"variableName": "x", "frameId": top["id"]})
+        assert rich["body"]["data"]["text/plain"] == str(40 + r)
     # the rank last shown is rank 1: next steps it to line 4, rank 0 stays on line 3
     assert panel.request("next", {"threadId": RANK_THREAD + 1})["success"]
     step = panel.event("stopped", running=running, reason="step")
@@ -189,7 +191,7 @@ def test_a_plain_cell_keeps_ipykernels_debugging(panel):
     panel.request("continue", {"threadId": stop["body"]["threadId"]})
     ex = panel.finish(running)
     clear(panel, path)
-    assert ex.status == "ok"  # (its print goes out under the parent of the debugger's last request: ipykernel's)
+    assert ex.status == "ok" and ex.text() == "<stdout>2\n"
 
 
 def test_an_interrupt_releases_stopped_ranks_and_ends_the_cell(panel):
@@ -234,3 +236,24 @@ def test_force_restart_with_the_debugger_on(panel):
     ex = panel.finish(running)
     clear(panel, path)
     assert ex.status == "ok" and stdout(ex) == GROUPED
+
+
+def test_a_long_stop_is_said_once(capsys):
+    """A stop nearing the process group's timeout (%pg_init --timeout) is said once per cell, on stderr."""
+    from types import SimpleNamespace
+
+    from pgnb.debugger.bridge import WARN_SHARE, Bridge
+
+    kernel = SimpleNamespace(do_debug_request=None)
+    bridge = Bridge(kernel, SimpleNamespace(events=None))
+    bridge._world = SimpleNamespace(spec=SimpleNamespace(timeout=60))
+    bridge.stopped = {1: {"threadId": 1}}
+    bridge._stop_since = time.monotonic() - WARN_SHARE * 60 + 5
+    bridge.tick()
+    assert capsys.readouterr().err == ""
+    bridge._stop_since -= 10
+    bridge.tick()
+    bridge.tick()
+    assert capsys.readouterr().err == (
+        "pgnb: rank 1 stopped in the debugger for over 45 s: a rank waiting for a stopped one in a collective fails "
+        "at the process group's timeout (60 s, %pg_init --timeout)\n")

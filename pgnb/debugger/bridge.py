@@ -535,8 +535,8 @@ class Bridge:
             return
         self._warned = True
         ranks = ranks_text(sorted(self.stopped))
-        print(f"pgnb: {ranks} stopped in the debugger for over {WARN_SHARE * limit:.0f} s: a rank waiting for "
-              f"them in a collective fails at the process group's timeout ({limit:g} s, %pg_init --timeout)",
+        print(f"pgnb: {ranks} stopped in the debugger for over {WARN_SHARE * limit:.0f} s: a rank waiting for a "
+              f"stopped one in a collective fails at the process group's timeout ({limit:g} s, %pg_init --timeout)",
               file=sys.stderr)
 
     def release(self) -> None:
