@@ -28,11 +28,13 @@ from typing import Any
 
 import pytest
 
+from .conftest import controller_errors
+
 pytestmark = pytest.mark.browser
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INIT_TIMEOUT_MS = 180_000
-STOP_TIMEOUT_MS = 60_000
+STOP_TIMEOUT_MS = 30_000
 
 LOAD, INIT, PLAIN, PG, SHUTDOWN = range(5)
 CELLS = [
@@ -122,7 +124,7 @@ def _screenshot(nb: Any, artifacts: Path) -> None:
     "Lab 4.6's Continue sends threadId 1 (it drops the stopped thread before it asks), which the bridge gives to "
     "the kernel's debugpy; and a blocked rank's frames have no 'source', on which Lab's Call Stack fails to draw"))
 def test_breakpoints_in_the_gutter_stop_the_ranks_and_the_panel_shows_each(
-    open_notebook: Any, artifacts: Path, pgnb_leftovers: Any
+    open_notebook: Any, lab_server: Any, artifacts: Path, pgnb_leftovers: Any
 ) -> None:
     expect = _expect()
     nb = open_notebook("debugger.ipynb", CELLS)
@@ -174,3 +176,5 @@ def test_breakpoints_in_the_gutter_stop_the_ranks_and_the_panel_shows_each(
     nb.run(SHUTDOWN)
     assert not nb.error_outputs(SHUTDOWN)
     assert not pgnb_leftovers(15.0)
+    assert not controller_errors(lab_server), controller_errors(lab_server)
+    assert not nb.traffic.page_errors, nb.traffic.page_errors
