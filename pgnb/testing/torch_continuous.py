@@ -162,6 +162,7 @@ class ClassWorld:
         self.world: Sandbox | None = None
         self.skip = ""  # torch's reason, when _init_pg exited with a TEST_SKIPS code
         self.ended = False
+        self.file = ""  # the rendezvous file of the class's group now (removed when the group goes)
 
     # ---- what torch calls -------------------------------------------------
     def spawn(self, cls: type, world_size: int) -> None:
@@ -212,6 +213,12 @@ class ClassWorld:
         if self.ended:
             return
         self.ended = True
+        try:
+            self._end_on_ranks()
+        finally:
+            self._forget_file()
+
+    def _end_on_ranks(self) -> None:
         sb = self.world
         holders = self.config.stash.get(_HOLDER, {})
         if sb is None or holders.get(id(sb)) is not self:
@@ -258,14 +265,13 @@ class ClassWorld:
         }
         code = (f"__import__('pgnb.rank.torch_continuous', fromlist=['set_up']).set_up("
                 f"{run!r}, {self._ranks(sb)!r})")
+        self._forget_file()
+        self.file = run["rdvz_file"]  # the group's FileStore: new_group (a DeviceMesh) meets there later
         try:
             result = sb.execute(code, ranks=range(self.size), timeout=min(timeout, CLASS_STEP_TIMEOUT))
         except BaseException:
             world_pool(self.config).recycle(sb)
             raise
-        finally:
-            with contextlib.suppress(OSError):
-                os.remove(run["rdvz_file"])
         rows = _rows(result, str(self.config.rootpath))
         verdict = decide(rows, timeout)
         if verdict.kind == "failed":
@@ -277,6 +283,12 @@ class ClassWorld:
         self.world = sb
         holders[id(sb)] = self
         return sb
+
+    def _forget_file(self) -> None:
+        if self.file:
+            with contextlib.suppress(OSError):
+                os.remove(self.file)
+            self.file = ""
 
     def _ranks(self, sb: Sandbox) -> dict[int, int]:
         """Each engine's pid -> its rank in the class's world (each rank looks itself up)."""
