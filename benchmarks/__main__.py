@@ -10,6 +10,8 @@ ratio of each row against its target, writes ``benchmarks/results/latest.json``
                                          # spawning of benchmarks/dist_suite); updates docs/performance.md
     python -m benchmarks --quick         # one sample of each, smaller loops (~2-3 min); docs untouched
     python -m benchmarks --no-docs       # a full run that leaves docs/performance.md as it is
+    python -m benchmarks --only torch_distributed,torch_continuous
+                                         # only these cases and their rows; docs untouched
 
 A full run replaces only what stands between docs/performance.md's ``<!-- bench:begin -->``
 and ``<!-- bench:end -->`` markers, and the README's few headline rows between its
@@ -50,19 +52,23 @@ def plan(quick: bool) -> dict[str, Any]:
                 "ar_rounds": 1, "sizes": [[1 << 20, 20, 3, 3], [1 << 24, 3, 1, 2]],
                 "scale": {"worlds": [2, 8, 32], "cells": 5, "queries": 2},
                 "live": {"latency_lines": 40, "flood_rounds": 1, "cell_repeats": 10, "compute_seconds": 4.0},
-                "torch_suite": {"keyword": "CollectivesWorld2"}, "world_marker": {"trivial": 20}}
+                "torch_suite": {"keyword": "CollectivesWorld2"}, "world_marker": {"trivial": 20},
+                "torch_distributed": {"sample": 10}, "torch_continuous": {}}
     return {"warmup": True, "rounds": 3, "rounds_w8_local": 2, "cell_repeats": 60, "reinit_cycles": 4,
             "ar_rounds": 3, "sizes": [[1 << 20, 40, 5, 5], [1 << 24, 5, 2, 3]],
             "scale": {"worlds": [2, 4, 8, 16, 32, 64], "cells": 20, "queries": 5},
             "live": {"latency_lines": 60, "flood_rounds": 3, "cell_repeats": 30, "compute_seconds": 10.0},
-            "torch_suite": {}, "world_marker": {}}
+            "torch_suite": {}, "world_marker": {}, "torch_distributed": {}, "torch_continuous": {}}
+
+#: The cases ``--only`` can name: torch's own suites, torch's harnesses vs --pgnb-torch (benchmarks/torch_harnesses.py)
+ONLY = ("torch_distributed", "torch_continuous")
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def collect(p: dict[str, Any]) -> dict[str, Any]:
+def collect(p: dict[str, Any], only: list[str] | None = None) -> dict[str, Any]:
     raw: dict[str, Any] = {}
 
     def sample(key: str, case: str, **kwargs: Any) -> None:
@@ -71,6 +77,9 @@ def collect(p: dict[str, Any]) -> dict[str, Any]:
         shown = r.get("init", r.get("cold_init", 0.0))
         log(f"  {key:<18} {shown:6.2f} s   (load {r['_load']:.1f}, case {r['_wall']:.1f} s)")
 
+    if only is not None:
+        harness_samples(p, only, sample)
+        return raw
     if p["warmup"]:  # page cache, .pyc files, the first-ever zygote: not measured
         log("warm-up")
         for launcher in ("fork", "local"):
@@ -102,7 +111,18 @@ def collect(p: dict[str, Any]) -> dict[str, Any]:
     sample("torch_suite", "torch_suite", **p["torch_suite"])
     log("the pytest plugin: trivial @pytest.mark.world(4) tests on a warm world, a hung test, the test after it")
     sample("world_marker", "world_marker", **p["world_marker"])
+    harness_samples(p, list(ONLY), sample)
     return raw
+
+
+def harness_samples(p: dict[str, Any], only: list[str], sample: Any) -> None:
+    """torch's own suites under torch's two harnesses and under --pgnb-torch (benchmarks/torch_harnesses.py)."""
+    if "torch_distributed" in only:
+        log("torch's DistributedTest suite (gloo, world 2): torch's spawning, then pytest --pgnb-torch")
+        sample("torch_distributed", "torch_distributed", **p["torch_distributed"])
+    if "torch_continuous" in only:
+        log("MultiProcContinuousTest classes (worlds 2 and 4): torch's continuous harness, then pytest --pgnb-torch")
+        sample("torch_continuous", "torch_continuous", **p["torch_continuous"])
 
 
 # --------------------------------------------------------------------------- summary
@@ -123,6 +143,9 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"measure": measure, "pgnb": pgnb, "baseline": base, "unit": unit,
                      "ratio": ratio, "target": target, "met": met, "note": note, "headline": headline})
 
+    if set(raw) <= set(ONLY):  # --only
+        harness_rows(raw, row)
+        return rows
     s = raw["session"][0]
     for w in (4, 8):
         fork, plain = _med(raw[f"w{w}_fork"], "init"), _med(raw[f"w{w}_plain"], "init")
@@ -207,7 +230,32 @@ def summarize(raw: dict[str, Any]) -> list[dict[str, Any]]:
         and wm["after_outcome"] == "passed",
         note=f"failed with every rank's stack; the next test {wm['after_outcome']} on the fresh world "
              f"in {wm['after_seconds'] * 1e3:.0f} ms")
+    harness_rows(raw, row)
     return rows
+
+
+def harness_rows(raw: dict[str, Any], row: Any) -> None:
+    """The rows of torch's DistributedTest suite and of the continuous classes, each beside torch's harness."""
+    if raw.get("torch_distributed"):
+        td = raw["torch_distributed"][0]
+        same = "the same verdicts" if td["same_verdicts"] else f"verdicts differ: {', '.join(td['differ'])}"
+        what = f"a sample of {td['tests']}" if td["sample"] else f"all {td['tests']}"
+        row(f"torch's `DistributedTest` suite (gloo, world 2; {what} tests), `pytest --pgnb-torch` vs torch's "
+            "spawning", td["pgnb"]["wall"], td["spawn"]["wall"], "s", "≤ 0.05× (20× less), same verdicts",
+            td["ratio"] <= 0.05 and td["same_verdicts"],
+            note=f"whole pytest runs; {td['passed']} passed, {td['skipped']} skipped, {td['failed']} failed, {same}; "
+                 f"a test's median {td['pgnb']['per_test_median'] * 1e3:.0f} ms vs "
+                 f"{td['spawn']['per_test_median']:.1f} s")
+    if raw.get("torch_continuous"):
+        tc = raw["torch_continuous"][0]
+        same = "the same verdicts" if tc["same_verdicts"] else f"verdicts differ: {', '.join(tc['differ'])}"
+        row(f"{tc['classes']} `MultiProcContinuousTest` classes, {tc['tests']} tests (worlds 2 and 4), "
+            "`pytest --pgnb-torch` vs torch's continuous harness", tc["pgnb"]["wall"], tc["spawn"]["wall"], "s",
+            "≤ 0.33× (3× less), same verdicts", tc["ratio"] <= 1 / 3 and tc["same_verdicts"],
+            note=f"whole pytest runs; {tc['passed']} passed, {tc['skipped']} skipped, {tc['failed']} failed, {same}")
+        row("a trivial `MultiProcContinuousTest` test under `--pgnb-torch` (pytest's own time per test, median)",
+            tc["trivial_median"], None, "s", "≤ 30 ms", tc["trivial_median"] <= 0.03,
+            note=f"{tc['trivial_tests']} tests of one class at world 2, in the run above")
 
 
 def scale_of(raw: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -358,7 +406,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], raw: dict[str, An
             rdv = statistics.median(s["phases"].get("rendezvous", float("nan")) for s in samples)
             lines.append(f"| {w} | pgnb `{launcher}` | {reg:.2f} | {rdv:.2f} | {_med(samples, 'init'):.2f} | "
                          f"{_med(samples, 'stop'):.2f} |")
-        samples = raw[f"w{w}_plain"]
+        samples = raw.get(f"w{w}_plain")
+        if not samples:  # a run of --only
+            continue
         up = statistics.median(s["phases"]["engines_up"] for s in samples)
         imp = statistics.median(s["phases"]["engines_up"] + s["phases"]["torch_imported"] for s in samples)
         lines.append(f"| {w} | plain ipyparallel | {up:.2f} | {imp:.2f} | {_med(samples, 'init'):.2f} | "
@@ -427,13 +477,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=RESULTS, help="folder for latest.json and latest.md")
     parser.add_argument("--no-docs", action="store_true",
                         help="do not put the table into docs/performance.md (a --quick run never does)")
+    parser.add_argument("--only", type=lambda text: text.split(","), default=None,
+                        help=f"run only these cases, comma-separated ({', '.join(ONLY)}); docs untouched")
     args = parser.parse_args(argv)
+    if args.only is not None and not set(args.only) <= set(ONLY):
+        parser.error(f"--only takes {', '.join(ONLY)}, not {', '.join(sorted(set(args.only) - set(ONLY)))}")
 
     p = plan(args.quick)
     meta = machine(args.quick)
     t0 = time.perf_counter()
     loads = [os.getloadavg()[0]]
-    raw = collect(p)
+    raw = collect(p, args.only)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "raw.json"), "w") as f:  # every sample, before anything can fail on them
         json.dump({"meta": meta, "raw": raw}, f)
@@ -451,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     os.remove(os.path.join(args.out, "raw.json"))  # latest.json has it all now
     if scale_of(raw):
         scale_plot(raw, os.path.join(args.out, "scale.png"))
-    if not (args.quick or args.no_docs):
+    if not (args.quick or args.no_docs or args.only):
         update_docs(table, headline(rows, meta))
         if scale_of(raw):
             scale_plot(raw, os.path.join(ROOT, "docs", "scale.png"))

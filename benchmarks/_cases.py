@@ -24,6 +24,9 @@ Cases (see ``CASES``):
   cluster, interleaved (``benchmarks/slurm_cold.py``; skipped, in one line, where no cluster can be started).
 - ``torch_suite``: benchmarks/dist_suite (torch ``MultiProcessTestCase`` tests) under plain pytest
   (torch spawns processes per test) and under ``pytest --pgnb-torch`` (``benchmarks/torch_suite.py``).
+- ``torch_distributed``, ``torch_continuous``: torch's ``DistributedTest`` suite under torch's spawning, and
+  ``MultiProcContinuousTest`` classes under torch's continuous harness, each beside ``pytest --pgnb-torch``
+  (``benchmarks/torch_harnesses.py``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ if __package__ in (None, ""):  # `python benchmarks/_cases.py`: make `benchmarks
 
 from benchmarks import baselines
 from benchmarks.slurm_cold import slurm_cold
+from benchmarks.torch_harnesses import torch_continuous, torch_distributed
 from benchmarks.torch_suite import torch_suite
 from benchmarks.world_marker import world_marker
 
@@ -577,6 +581,8 @@ CASES: dict[str, Callable[..., dict[str, Any]]] = {
     "scale": scale,
     "live": live,
     "torch_suite": torch_suite,
+    "torch_distributed": torch_distributed,
+    "torch_continuous": torch_continuous,
     "world_marker": world_marker,
     "slurm_cold": slurm_cold,
 }

@@ -46,18 +46,21 @@ def verdicts(junit_xml: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run_suite(pgnb: bool, keyword: str = "") -> dict[str, Any]:
-    """One pytest run of the suite in a fresh interpreter: its wall time and every test's verdict."""
+def run_suite(pgnb: bool, keyword: str = "", suite: str | list[str] = SUITE,
+              timeout: float = RUN_TIMEOUT) -> dict[str, Any]:
+    """One pytest run of the suite (a path, or node ids) in a fresh interpreter: its wall time and every
+    test's verdict."""
     fd, junit = tempfile.mkstemp(prefix="pgnb-bench-suite-", suffix=".xml")
     os.close(fd)
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", junit, SUITE]
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", junit,
+            *([suite] if isinstance(suite, str) else suite)]
     if pgnb:
         args.append("--pgnb-torch")
     if keyword:
         args += ["-k", keyword]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+        proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         wall = time.perf_counter() - t0
         found = verdicts(junit) if os.path.getsize(junit) else {}
     finally:
@@ -73,8 +76,12 @@ def run_suite(pgnb: bool, keyword: str = "") -> dict[str, Any]:
 
 def torch_suite(keyword: str = "") -> dict[str, Any]:
     """The suite both ways, spawning first (it warms the page cache for both)."""
-    spawn = run_suite(False, keyword)
-    warm = run_suite(True, keyword)
+    return side_by_side(run_suite(False, keyword), run_suite(True, keyword))
+
+
+def side_by_side(torch_run: dict[str, Any], pgnb_run: dict[str, Any]) -> dict[str, Any]:
+    """Two runs of the same tests (torch's harness, then ``--pgnb-torch``): verdicts compared, wall times."""
+    spawn, warm = torch_run, pgnb_run
     differ = sorted(k for k in spawn["verdicts"].keys() | warm["verdicts"].keys()
                     if {**spawn["verdicts"].get(k, {}), "seconds": 0} != {**warm["verdicts"].get(k, {}), "seconds": 0})
     outcomes = [v["outcome"] for v in spawn["verdicts"].values()]
