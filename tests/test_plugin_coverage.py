@@ -18,6 +18,7 @@ import time
 import types
 import warnings
 
+import coverage
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -156,7 +157,7 @@ def _measured(project: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, s
 
 @pytest.mark.integration
 def test_cov_reports_what_the_ranks_ran(project: pytest.Pytester) -> None:
-    result, executed, missing = _measured(project, "test_ring.py")
+    result, executed, missing = _measured(project, "--cov-context=test", "test_ring.py")
     out = result.stdout.str()
     result.assert_outcomes(passed=2, failed=1)
     assert "FAILED test_ring.py::test_hangs" in out, out
@@ -165,6 +166,13 @@ def test_cov_reports_what_the_ranks_ran(project: pytest.Pytester) -> None:
     for tag in ("ring", "retired", "new world"):
         assert _tagged(tag) <= executed, (tag, _tagged(tag) - executed, out)
     assert _tagged("never") | _tagged("torch") <= missing, (executed, out)  # lines no rank ran stay missed
+    # --cov-context=test: a rank's lines carry the test's label, as pytest-cov labels its own process's
+    data = coverage.CoverageData(basename=str(project.path / ".coverage"))
+    data.read()
+    (path,) = data.measured_files()
+    by_line = data.contexts_by_lineno(path)
+    assert {c for n in _tagged("ring") for c in by_line[n]} == {"test_ring.py::test_ring|run"}, by_line
+    assert {c for n in _tagged("new world") for c in by_line[n]} == {"test_ring.py::test_after_the_hang|run"}
 
 
 @pytest.mark.integration

@@ -47,11 +47,12 @@ def start(run: CoverageRun) -> bool:
     return True
 
 
-def test_started(nodeid: str) -> None:
-    """Label what runs now as pytest-cov labels a test's call (``--cov-context=test``)."""
+def label(nodeid: str | None) -> None:
+    """``--cov-context=test``: what runs from now on is the call of test ``nodeid``, labelled as pytest-cov
+    labels its own process's (``<nodeid>|run``); None: no test's (``--pgnb-torch`` runs its tests unlabelled)."""
     if _COV and _COV["run"]["contexts"]:
         with contextlib.suppress(Exception):  # a coverage that is not measuring has no context to switch
-            _COV["cov"].switch_context(f"{nodeid}|run")
+            _COV["cov"].switch_context("" if nodeid is None else f"{nodeid}|run")
 
 
 def save() -> bool:

@@ -125,12 +125,13 @@ def run_test(call: TestCall) -> TestReply:
         _tell_peers(dist, _DEBUG_KEY.format(test_id=call["test_id"]), rank)
 
     rank_debug.ON_STOP.append(on_breakpoint)
-    rank_coverage.test_started(call["nodeid"])  # pytest-cov --cov-context=test: this test's label
+    rank_coverage.label(call["nodeid"])  # pytest-cov --cov-context=test: the test's lines carry its id
     try:
         with _fd_capture() as fd_text, _streams(out, err):
             thread.start()
             outcome = _wait(thread, call, dist, rank, debugging)
     finally:
+        rank_coverage.label(None)
         rank_debug.ON_STOP.remove(on_breakpoint)
     reply["stdout"], reply["stderr"], reply["fd_output"] = out.text(), err.text(), fd_text()
     if outcome is not None:  # still running: blocked by a peer, or past its deadline
