@@ -37,9 +37,9 @@ from typing import Any
 from .._wire import PanelArgs
 from ..core.dispatch import Dispatch
 from ..core.remote import is_local
-from ..core.stacks import dump_stacks
 from ..core.text import ranks_text
-from . import ids as ids_
+from .blocked import blocked_frames, blocked_view
+from .ids import Ids, rank_thread, thread_rank
 from .link import ANSWER_WAIT, Message, RankLink
 
 #: What the ranks' pydevd is told at attach: only the thread that stops is suspended (a rank's other threads,
@@ -124,7 +124,7 @@ class Bridge:
         self._raw_cell = ""
         self.breakpoints: dict[str, list[dict[str, Any]]] = {}  # %%pg cell file -> Lab's breakpoints
         self.filters: list[str] = []
-        self.ids = ids_.Ids()
+        self.ids = Ids()
         self.stopped: dict[int, dict[str, Any]] = {}  # rank -> the body of its stopped event (its own thread id)
         self.shown: int | None = None  # the rank whose frame Lab showed last
         self._released = False
@@ -168,7 +168,7 @@ class Bridge:
             body = answer.setdefault("body", {})
             body.setdefault("breakpoints", []).extend(
                 {"source": path, "breakpoints": bps} for path, bps in self.breakpoints.items())
-            body.setdefault("stoppedThreads", []).extend(ids_.rank_thread(r) for r in sorted(self.stopped))
+            body.setdefault("stoppedThreads", []).extend(rank_thread(r) for r in sorted(self.stopped))
         elif command == "threads" and self.on and answer.get("success"):
             answer.setdefault("body", {}).setdefault("threads", []).extend(self._threads())
         return answer
@@ -176,7 +176,7 @@ class Bridge:
     def _rank_of(self, command: str, args: dict[str, Any]) -> tuple[int, str, int] | None:
         """``(rank, kind, rank's id)`` when the request is about a rank (kind "thread" for a thread's)."""
         if command in (*_STEPS, "stackTrace", "exceptionInfo"):
-            rank = ids_.thread_rank(args.get("threadId"))
+            rank = thread_rank(args.get("threadId"))
             return None if rank is None else (rank, "thread", -1)
         key = "srcFrameId" if command == "copyToGlobals" else "frameId"
         if command in _BY_FRAME:
@@ -193,7 +193,7 @@ class Bridge:
         if command == "stackTrace":
             return reply(request, await self._stack_trace(rank))
         if kind.startswith("blocked"):
-            return reply(request, self._blocked_view(request, rank, kind, remote))
+            return reply(request, blocked_view(command, rank, remote, self.ids))
         if command in _STEPS:
             return await self._step(request, rank, args)
         if command == "scopes":
@@ -266,34 +266,11 @@ class Bridge:
         return frames[: max(cells) + 1] if cells else frames
 
     def _blocked_frames(self, first: int) -> list[dict[str, Any]]:
-        """pgnb's stack of each rank that runs while another is stopped: where it waits, read-only."""
         world = self._world
         if world is None or not self.stopped:
             return []
         running = {r: world.rank_infos[r] for r in sorted(self._pids.values()) if r not in self.stopped}
-        out: list[dict[str, Any]] = []
-        stacks = dump_stacks(running, world.scratch_dir, self._code)
-        for r in sorted(stacks, key=lambda r: (r != first, r)):
-            stack = stacks[r]
-            head = f"rank {r}: running, waiting in {stack.blocked_in}" if stack.blocked_in else f"rank {r}: running"
-            if stack.note:
-                head += f" ({stack.note})"
-            out.append({"id": self.ids.local(r, "blocked", 0), "name": head, "line": 0, "column": 0,
-                        "presentationHint": "label"})
-            for i, text in enumerate(t for t in reversed(stack.frames) if not t.startswith("    ")):
-                out.append({"id": self.ids.local(r, "blocked", i + 1), "name": f"rank {r}: {text.strip()}",
-                            "line": 0, "column": 0, "presentationHint": "subtle"})
-        return out
-
-    def _blocked_view(self, request: Message, rank: int, kind: str, remote: int) -> dict[str, Any]:
-        """A blocked rank's frame has one scope: what pgnb knows of it (no pydevd frame to look into)."""
-        if request["command"] == "scopes":
-            return {"scopes": [{"name": f"rank {rank} (running, not stopped)", "expensive": False,
-                                "variablesReference": self.ids.local(rank, "blocked-vars", remote)}]}
-        if request["command"] == "variables":
-            note = "read-only: this rank runs; it is shown where it waits while another rank is stopped"
-            return {"variables": [{"name": "state", "value": note, "variablesReference": 0}]}
-        return {"result": f"rank {rank} is running, not stopped: nothing to evaluate there", "variablesReference": 0}
+        return blocked_frames(running, world.scratch_dir, self._code, self.ids, first)
 
     # ---- stepping ------------------------------------------------------------------------------------------
     async def _step(self, request: Message, rank: int, args: dict[str, Any]) -> Message:
@@ -440,7 +417,7 @@ class Bridge:
                 if not self.stopped:
                     self._stop_since = time.monotonic()
                 self.stopped[rank] = body
-            self._publish("stopped", {**body, "threadId": ids_.rank_thread(rank), "allThreadsStopped": False,
+            self._publish("stopped", {**body, "threadId": rank_thread(rank), "allThreadsStopped": False,
                                       "description": f"rank {rank}: {body.get('reason', 'stopped')}"})
         elif name == "continued" and rank >= 0:
             self._ran_on(rank)
@@ -457,7 +434,7 @@ class Bridge:
             if not self.stopped and self._stop_since is not None:
                 self._stopped_total += time.monotonic() - self._stop_since
                 self._stop_since = None
-        self._publish("continued", {"threadId": ids_.rank_thread(rank), "allThreadsContinued": False})
+        self._publish("continued", {"threadId": rank_thread(rank), "allThreadsContinued": False})
         if self.stopped:
             timer = threading.Timer(REANNOUNCE_AFTER, self._reannounce)
             timer.daemon = True
@@ -473,7 +450,7 @@ class Bridge:
                 return
             rank = min(self.stopped)
             body = self.stopped[rank]
-        self._publish("stopped", {**body, "threadId": ids_.rank_thread(rank), "allThreadsStopped": False,
+        self._publish("stopped", {**body, "threadId": rank_thread(rank), "allThreadsStopped": False,
                                   "description": f"rank {rank}: still stopped"})
 
     def _publish(self, event: str, body: dict[str, Any]) -> None:
@@ -486,7 +463,7 @@ class Bridge:
         out = []
         for r, info in enumerate(world.rank_infos):
             name = f"rank {r}" if is_local(info) else f"rank {r} on {info.host}"
-            out.append({"id": ids_.rank_thread(r), "name": name})
+            out.append({"id": rank_thread(r), "name": name})
         return out
 
     # ---- a %%pg cell (``pgnb.core.cells.Panel``) -----------------------------------------------------------

@@ -1,0 +1,45 @@
+"""Ranks that run while another is stopped, as Lab's Call Stack shows them: read-only frames of pgnb's stack.
+
+A rank blocked in a collective waiting for a stopped peer cannot be paused (gloo
+waits in native code), so pydevd has no frame of it. pgnb's own stack of it
+(``pgnb.core.stacks``: the cell's lines and the call it waits in) becomes a
+labelled frame per line; its one scope says it is running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..core.rendezvous import EngineInfo
+from ..core.stacks import dump_stacks
+from .ids import Ids
+
+
+def blocked_frames(running: Mapping[int, EngineInfo], stack_dir: str, code: str, ids: Ids,
+                   first: int) -> list[dict[str, Any]]:
+    """Each running rank's stack (``first`` first, then by rank): a heading frame, then its frames, innermost first."""
+    out: list[dict[str, Any]] = []
+    stacks = dump_stacks(running, stack_dir, code)
+    for r in sorted(stacks, key=lambda r: (r != first, r)):
+        stack = stacks[r]
+        head = f"rank {r}: running, waiting in {stack.blocked_in}" if stack.blocked_in else f"rank {r}: running"
+        if stack.note:
+            head += f" ({stack.note})"
+        out.append({"id": ids.local(r, "blocked", 0), "name": head, "line": 0, "column": 0,
+                    "presentationHint": "label"})
+        for i, text in enumerate(t for t in reversed(stack.frames) if not t.startswith("    ")):
+            out.append({"id": ids.local(r, "blocked", i + 1), "name": f"rank {r}: {text.strip()}",
+                        "line": 0, "column": 0, "presentationHint": "subtle"})
+    return out
+
+
+def blocked_view(command: str, rank: int, remote: int, ids: Ids) -> dict[str, Any]:
+    """What Lab's request about a running rank's frame gets: one scope, one variable saying what it is."""
+    if command == "scopes":
+        return {"scopes": [{"name": f"rank {rank} (running, not stopped)", "expensive": False,
+                            "variablesReference": ids.local(rank, "blocked-vars", remote)}]}
+    if command == "variables":
+        note = "read-only: this rank runs; it is shown where it waits while another rank is stopped"
+        return {"variables": [{"name": "state", "value": note, "variablesReference": 0}]}
+    return {"result": f"rank {rank} is running, not stopped: nothing to evaluate there", "variablesReference": 0}
