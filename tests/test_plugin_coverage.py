@@ -4,7 +4,8 @@ Inner sessions measure a small package whose functions run only on the ranks,
 on worlds of 2: world tests (a ring all-reduce with isend/recv; a function a
 test calls before it hangs, so its world is retired; one called on the world
 that replaces it), then ``--pgnb-torch`` (a function a torch
-``MultiProcessTestCase`` test calls, beside the ring's world test). Then
+``MultiProcessTestCase`` test calls, and one a ``pgnb_world`` test runs on the
+ranks, beside the ring's world test). Then
 ``--no-cov`` (and, marked slow, a run without pytest-cov: the same path here):
 nothing of coverage is imported, here or on the ranks.
 """
@@ -54,6 +55,10 @@ RINGLIB = textwrap.dedent('''
         return rank - 1  # TAG torch
 
 
+    def from_the_driver():
+        return dist.get_rank()  # TAG driver
+
+
     def never_called():
         return "never"  # TAG never
 ''')
@@ -85,6 +90,11 @@ TESTS = textwrap.dedent('''
     @pytest.mark.world(2)
     def test_after_the_hang(rank):
         assert ringlib.on_the_new_world(rank) == 2 * rank
+
+
+    @pytest.mark.world(2)
+    def test_drives_the_world(pgnb_world):
+        assert pgnb_world.run(ringlib.from_the_driver) == [0, 1]
 
 
 ''')
@@ -157,7 +167,8 @@ def _measured(project: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, s
 
 @pytest.mark.integration
 def test_cov_reports_what_the_ranks_ran(project: pytest.Pytester) -> None:
-    result, executed, missing = _measured(project, "--cov-context=test", "test_ring.py")
+    result, executed, missing = _measured(project, "--cov-context=test", "test_ring.py::test_ring",
+                                          "test_ring.py::test_hangs", "test_ring.py::test_after_the_hang")
     out = result.stdout.str()
     result.assert_outcomes(passed=2, failed=1)
     assert "FAILED test_ring.py::test_hangs" in out, out
@@ -165,7 +176,8 @@ def test_cov_reports_what_the_ranks_ran(project: pytest.Pytester) -> None:
     # the world that replaced it
     for tag in ("ring", "retired", "new world"):
         assert _tagged(tag) <= executed, (tag, _tagged(tag) - executed, out)
-    assert _tagged("never") | _tagged("torch") <= missing, (executed, out)  # lines no rank ran stay missed
+    # lines no rank ran stay missed
+    assert _tagged("never") | _tagged("torch") | _tagged("driver") <= missing, (executed, out)
     # --cov-context=test: a rank's lines carry the test's label, as pytest-cov labels its own process's
     data = coverage.CoverageData(basename=str(project.path / ".coverage"))
     data.read()
@@ -177,11 +189,12 @@ def test_cov_reports_what_the_ranks_ran(project: pytest.Pytester) -> None:
 
 @pytest.mark.integration
 def test_cov_under_pgnb_torch(project: pytest.Pytester) -> None:
-    """torch's own harness on the ranks (``--pgnb-torch``, in the engine's own thread) and a world test,
-    on one world."""
-    result, executed, missing = _measured(project, "--pgnb-torch", "test_ring.py::test_ring", "test_torch_ring.py")
-    result.assert_outcomes(passed=2)
-    for tag in ("ring", "torch"):
+    """torch's own harness on the ranks (``--pgnb-torch``, in the engine's own thread), a world test, and a test
+    that drives the world from the pytest process (``pgnb_world.run``, the engine's own thread too), on one world."""
+    result, executed, missing = _measured(project, "--pgnb-torch", "test_ring.py::test_ring",
+                                          "test_ring.py::test_drives_the_world", "test_torch_ring.py")
+    result.assert_outcomes(passed=3)
+    for tag in ("ring", "torch", "driver"):
         assert _tagged(tag) <= executed, (tag, _tagged(tag) - executed, result.stdout.str())
     assert _tagged("never") <= missing
 

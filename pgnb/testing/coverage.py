@@ -44,8 +44,9 @@ class RankCoverageWarning(UserWarning):
     """pytest-cov could not measure a world's ranks (their lines count as not run); the warning says why."""
 
 
-def coverage_run(config: pytest.Config) -> CoverageRun | None:
-    """How the ranks should measure, as pytest-cov measures this process; None if it does not."""
+def coverage_run(config: pytest.Config, engine_thread: bool = False) -> CoverageRun | None:
+    """How the ranks should measure, as pytest-cov measures this process; None if it does not.
+    ``engine_thread``: the engines' own thread too (it is under ``--pgnb-torch`` in any case)."""
     plugin = config.pluginmanager.get_plugin("_cov")
     controller = getattr(plugin, "cov_controller", None)
     cov = getattr(controller, "cov", None)
@@ -60,7 +61,7 @@ def coverage_run(config: pytest.Config) -> CoverageRun | None:
         "data_file": os.path.join(topdir, str(cov.config.data_file)),  # absolute stays absolute
         "topdir": topdir,
         "contexts": getattr(options, "cov_context", None) == "test",
-        "main_thread": _torch_on_ranks(config),
+        "main_thread": engine_thread or _torch_on_ranks(config),
     }
 
 
@@ -71,12 +72,13 @@ def _torch_on_ranks(config: pytest.Config) -> bool:
     return bool(suites is not None and suites.enabled(config))
 
 
-def measure(config: pytest.Config, pool: WorldPool) -> None:
-    """Measure the ranks of every world ``pool`` starts from now on, and save before each is stopped."""
+def measure(config: pytest.Config, pool: WorldPool, engine_thread: bool = False) -> None:
+    """Measure the ranks of every world ``pool`` starts from now on, and save before each is stopped;
+    ``engine_thread``: a test runs code in the engines' own thread (``pgnb_world.run``)."""
     state: dict[str, bool] = {"done": False}
 
     def on_start(sb: Sandbox) -> None:
-        run = coverage_run(config)
+        run = coverage_run(config, engine_thread)
         if run is not None and not state["done"]:
             start(sb, run)
 
@@ -101,10 +103,10 @@ def save_all(config: pytest.Config) -> None:
         fn()
 
 
-def measure_world(config: pytest.Config, sb: Sandbox) -> None:
+def measure_world(config: pytest.Config, sb: Sandbox, engine_thread: bool = True) -> None:
     """Measure the ranks of a world the run's pool did not start, if pytest-cov measures this run; whoever
     started it calls ``save(sb)`` before stopping it, and before the tests are over (pytest-cov combines then)."""
-    run = coverage_run(config)
+    run = coverage_run(config, engine_thread)
     if run is not None:
         start(sb, run)
 

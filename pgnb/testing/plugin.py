@@ -51,6 +51,7 @@ _POOL = pytest.StashKey["WorldPool"]()
 _SPEC = pytest.StashKey["WorldSpec | str"]()  # the world a test runs on, or the one line why it cannot
 _COUNT = pytest.StashKey[int]()
 _START_ERROR = pytest.StashKey[str]()  # the test's world did not start
+_DRIVEN = pytest.StashKey[bool]()  # a collected test drives its world from here (pgnb_world)
 #: ``pytest --pgnb-torch``: torch's MultiProcessTestCase suites on warm ranks (its hooks, registered with this plugin)
 pytest_plugins = ["pgnb.testing.torch_suites"]
 
@@ -98,7 +99,8 @@ def world_pool(config: pytest.Config) -> WorldPool:
         if _measured(config):  # pytest-cov measures this run: the ranks too
             from .coverage import measure
 
-            measure(config, pool)
+            # what a pgnb_world test runs on the ranks runs in the engines' own thread
+            measure(config, pool, engine_thread=config.stash.get(_DRIVEN, False))
     return pool
 
 
@@ -125,6 +127,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marker = item.get_closest_marker("world")
         if marker is not None:
             _check(item, marker)
+    config.stash[_DRIVEN] = any("pgnb_world" in getattr(item, "fixturenames", ()) for item in items)
 
 
 def _check(item: pytest.Item, marker: pytest.Mark) -> None:
