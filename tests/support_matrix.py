@@ -141,6 +141,7 @@ def table(results: dict[str, dict[str, str]], when: str) -> str:
     names = list(results)
     rows = ["| | " + " | ".join(f"`{n}`" for n in names) + " |", "|---|" + "---|" * len(names)]
     rows.append("| what | " + " | ".join(COLUMNS[n].what for n in names) + " |")
+    rows.append("| tests | " + " | ".join(results[n]["tests"] for n in names) + " |")
     for package in ("Python", *SHOWN):
         rows.append(f"| {package} | " + " | ".join(results[n][package] for n in names) + " |")
     return "\n".join([*rows, "", f"*Last green run: {when}, `make matrix` (tests/support_matrix.py).*"])
@@ -172,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         runs = {name: pool.submit(run_tests, name, args.workers) for name in names}
+        outcomes = {}
         for name, future in runs.items():
             code, seconds, tail = future.result()
             last = tail.splitlines()[-1] if tail else ""
+            outcomes[name] = f"{last.strip(' =').split(' in ')[0]} in {seconds:.0f} s"
             print(f"matrix: {name}: tests {'passed' if code == 0 else 'FAILED'} in {seconds:.0f} s "
                   f"({venv_dir(name) / 'pytest.log'}): {last}", flush=True)
             if code:
@@ -183,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {name: versions(name) for name in names}
     for name in names:
         print(f"matrix: {name}: " + ", ".join(f"{k} {v}" for k, v in results[name].items()), flush=True)
+        results[name]["tests"] = outcomes[name]
     if failed:
         print(f"matrix: FAILED: {', '.join(failed)}", flush=True)
         return 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -66,7 +67,9 @@ def test_wheel_metadata(wheel):
     assert meta["Requires-Python"] == ">=3.10", meta["Requires-Python"]
     classifiers = set(meta.get_all("Classifier") or [])
     assert FRAMEWORKS <= classifiers, f"missing classifiers: {sorted(FRAMEWORKS - classifiers)}"
-    assert "Programming Language :: Python :: 3.11" in classifiers
+    # the Pythons the support matrix runs (docs/supported_versions.md), and no other
+    pythons = {c for c in classifiers if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
+    assert pythons == {"Programming Language :: Python :: 3.10", "Programming Language :: Python :: 3.11"}, pythons
     assert meta["Description-Content-Type"] == "text/markdown"
     entry_points = wheel.read(f"pgnb-{pgnb.__version__}.dist-info/entry_points.txt").decode()
     for line in ("pgnb = pgnb.__main__:main", "pgnb = pgnb.testing.plugin",
