@@ -11,7 +11,7 @@ had and the date (``--no-docs`` leaves it).
     python tests/support_matrix.py --install-only   # build the venvs only (CI starts this early)
 
 Standard library only: it runs before any venv exists. A venv is rebuilt only when its column, pgnb's
-requirements or (for ``newest``) the day changed.
+requirements (its dependencies and test extra) or, for ``newest``, the day changed.
 """
 
 from __future__ import annotations
@@ -87,9 +87,16 @@ def find_python(version: str) -> str:
 def stamp(name: str) -> str:
     """What a column's venv was built from: a change rebuilds it."""
     column = COLUMNS[name]
-    pyproject = (ROOT / "pyproject.toml").read_text()
+    text = (ROOT / "pyproject.toml").read_text()
+    try:  # pgnb's requirements and its test extra; not the rest of the file (a classifier rebuilds nothing)
+        import tomllib
+
+        project = tomllib.loads(text)["project"]
+        wanted: object = [project["dependencies"], project["optional-dependencies"]["test"]]
+    except (ImportError, KeyError):
+        wanted = text
     day = datetime.date.today().isoformat() if not column.pins else ""
-    return hashlib.sha256(json.dumps([column.python, column.pins, pyproject, day]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([column.python, column.pins, wanted, day]).encode()).hexdigest()
 
 
 def install(name: str) -> float:
