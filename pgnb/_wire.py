@@ -152,6 +152,7 @@ class PanelArgs(TypedDict):
     """A cell run while the kernel's visual debugger is on: where the rank's pydevd connects, and the
     file name and line offset that make the cell's lines the ones JupyterLab shows (``pgnb.debugger``)."""
 
+    host: str  # the kernel's host name: a rank elsewhere cannot reach its loopback
     port: int  # the kernel's DAP listener on 127.0.0.1
     cell_file: str  # the path ``dumpCell`` gives the cell's full text (the ``%%pg`` line included)
     line_offset: int  # lines of the cell above its body (the ``%%pg`` line)

@@ -482,11 +482,7 @@ class Bridge:
             self._world, self._code = world, "#\n" * offset + code
             self._pids = {info.pid: r for r, info in enumerate(world.rank_infos)}
             self._stopped_total, self._stop_since, self._warned = 0.0, None, False
-            remote = [r for r, info in enumerate(world.rank_infos) if not is_local(info)]
             released, self._released = self._released, False
-        if remote:
-            print(f"pgnb: the visual debugger reaches local ranks only; {ranks_text(remote)} on other hosts "
-                  "run without it", file=sys.stderr)
         if released:  # after an interrupt the ranks got no breakpoints: the panel's are back before the cell runs
             pending = [link.send("setBreakpoints", {"source": {"path": p}, "breakpoints": wanted})
                        for link in list(self.links.values()) for p, wanted in list(self.breakpoints.items())]
@@ -495,7 +491,7 @@ class Bridge:
             for done in pending:
                 with contextlib.suppress(Exception):
                     done.result(ANSWER_WAIT)
-        return {"port": self.port, "cell_file": path, "line_offset": offset}
+        return {"host": socket.gethostname(), "port": self.port, "cell_file": path, "line_offset": offset}
 
     def stopped_seconds(self) -> float:
         with self._lock:

@@ -48,6 +48,10 @@ def connected() -> bool:
 def connect(args: PanelArgs) -> str:
     """Connect to the kernel's bridge (once per debug session) and wait until it configured us; ``""``
     when the cell can run under the debugger, else one line that says why it runs without."""
+    import socket
+
+    if socket.gethostname() != args["host"]:
+        return "the visual debugger reaches the ranks on the kernel's host only"
     pydevd = _pydevd()
     db = pydevd.get_global_debugger()
     if _STATE.get("port") == args["port"] and db is not None and not db.pydb_disposed and sys.gettrace() is not None:
