@@ -79,6 +79,9 @@ def test_init_with_the_debugger_on(panel):
 
 def test_a_breakpoint_stops_every_rank_and_the_panel_shows_each(panel):
     path, running, stops = stop_both(panel, CELL, 3)
+    info = panel.request("debugInfo")["body"]  # what Lab restores the panel from after a reload
+    assert {"source": path, "breakpoints": [{"line": 3}]} in info["breakpoints"]
+    assert {RANK_THREAD, RANK_THREAD + 1} <= set(info["stoppedThreads"])
     threads = panel.request("threads")["body"]["threads"]
     names = {t["id"]: t["name"] for t in threads}
     assert names[RANK_THREAD] == "rank 0" and names[RANK_THREAD + 1] == "rank 1"
@@ -121,10 +124,15 @@ def test_step_into_a_function_the_cell_defines(panel):
     top = panel.frames(RANK_THREAD + 1)[0]
     assert (top["name"], top["line"], top["source"]["path"]) == ("rank 1: f", 3, path)
     assert panel.variables(top["id"])["v"] == "1"
+    copied = panel.request("copyToGlobals", {"srcVariableName": "v", "dstVariableName": "v_seen",
+                                             "srcFrameId": top["id"]})
+    assert copied["success"], copied
     panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
     ex = panel.finish(running)
     clear(panel, path)
     assert ex.status == "ok" and stdout(ex) == "[rank 0]\n0\n[rank 1]\n2\n"
+    ex = panel.execute("%%pg\nprint(globals().get('v_seen'))")  # the rank's own globals got its local
+    assert stdout(ex) == "[rank 0]\nNone\n[rank 1]\n1\n"
 
 
 def test_a_rank_blocked_in_a_collective_is_shown_with_its_stack(panel):
