@@ -160,6 +160,22 @@ def test_a_rank_blocked_in_a_collective_is_shown_with_its_stack(panel):
     assert ex.status == "ok" and stdout(ex) == "[rank 0]\n11.0\n[rank 1]\n11.0\n"
 
 
+def test_pause_stops_a_running_rank_in_its_cell(panel):
+    code = "%%pg\nimport time\nfor i in range(300):\n    time.sleep(0.02)\nprint(rank)\n"
+    path = panel.request("dumpCell", {"code": code})["body"]["sourcePath"]
+    panel.events.clear()
+    running = panel.run(code)
+    panel.pump(1.0, running)
+    assert panel.request("pause", {"threadId": RANK_THREAD + 1}, running=running)["success"]
+    stop = panel.event("stopped", running=running, threadId=RANK_THREAD + 1)
+    assert stop["body"]["reason"] == "pause"
+    top = panel.frames(RANK_THREAD + 1)[0]
+    assert top["source"]["path"] == path and top["line"] in (3, 4)
+    panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+    ex = panel.finish(running)
+    assert ex.status == "ok" and stdout(ex) == "[rank 0]\n0\n[rank 1]\n1\n"
+
+
 def test_time_stopped_does_not_count_against_the_cells_timeout(panel):
     code = "%%pg --timeout 2\nx = 40 + rank\ny = x + 1\nprint(y)\n"
     path, running, _ = stop_both(panel, code, 3)

@@ -278,17 +278,26 @@ class Bridge:
         if command == "continue" and args.get("singleThread") is False:
             await self._continue_all()
             return reply(request, {"allThreadsContinued": True})
+        if command == "pause":
+            return await self._pause(request, rank)
         if self.shown in self.stopped:
             rank = self.shown  # Lab steps its "current thread": the rank it last showed is the one the user sees
         stop = self.stopped.get(rank)
-        if stop is None and command != "pause":
+        if stop is None:
             return reply(request, success=False, message=f"rank {rank} is not stopped")
-        remote_args = {**args, "threadId": stop["threadId"] if stop else args.get("threadId")}
-        if command != "pause":
-            self._ran_on(rank)  # before it runs: its next stop may come before this answer
-        answer = await self._ask(rank, command, remote_args)
+        self._ran_on(rank)  # before it runs: its next stop may come before this answer
+        answer = await self._ask(rank, command, {**args, "threadId": stop["threadId"]})
         body = {"allThreadsContinued": False} if command == "continue" else None
         return reply(request, body, bool(answer.get("success")), str(answer.get("message", "")))
+
+    async def _pause(self, request: Message, rank: int) -> Message:
+        """Pause a running rank: its main thread, which runs the cell (its other threads, pgnb's among them, run on)."""
+        threads = (await self._ask(rank, "threads", {})).get("body", {}).get("threads", [])
+        main = next((t["id"] for t in threads if t.get("name") == "MainThread"), None)
+        if main is None:
+            return reply(request, success=False, message=f"rank {rank} is not connected to the debugger")
+        answer = await self._ask(rank, "pause", {"threadId": main})
+        return reply(request, None, bool(answer.get("success")), str(answer.get("message", "")))
 
     async def _continue_all(self) -> list[int]:
         stops = dict(self.stopped)
