@@ -394,9 +394,10 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], raw: dict[str, An
         measure = r["measure"] + (f" <br><sub>{r['note']}</sub>" if r["note"] else "")
         lines.append(f"| {measure} | {_fmt(r['pgnb'], r['unit'])} | {_fmt(r['baseline'], r['unit'])} | "
                      f"{ratio} | {r['target']} | {met} |")
-    lines += ["", "Where the cold time goes (medians, seconds from the start of the call):", "",
-              "| world | launcher | engines registered | torch imported | initialized | shutdown |",
-              "|---:|---|---:|---:|---:|---:|"]
+    if any(raw.get(f"w{w}_plain") for w in (4, 8)):  # not in a run of --only
+        lines += ["", "Where the cold time goes (medians, seconds from the start of the call):", "",
+                  "| world | launcher | engines registered | torch imported | initialized | shutdown |",
+                  "|---:|---|---:|---:|---:|---:|"]
     for w in (4, 8):
         for launcher in ("fork", "local"):
             samples = raw.get(f"w{w}_{launcher}")
