@@ -160,6 +160,33 @@ def test_a_rank_blocked_in_a_collective_is_shown_with_its_stack(panel):
     assert ex.status == "ok" and stdout(ex) == "[rank 0]\n11.0\n[rank 1]\n11.0\n"
 
 
+def test_a_rank_done_with_the_cell_is_shown_so_and_ranks_options_count(panel):
+    code = "%%pg\nx = rank\nif rank == 0:\n    x += 10\nprint(x)\n"
+    path = panel.request("dumpCell", {"code": code})["body"]["sourcePath"]
+    panel.request("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 4}]})
+    panel.events.clear()
+    running = panel.run(code)
+    assert rank_of(panel.event("stopped", running=running)) == 0
+    panel.pump(1.0, running)  # rank 1 ends its cell meanwhile
+    names = [f["name"] for f in panel.frames(RANK_THREAD)]
+    assert names[0] == "rank 0: <module>" and "rank 1: done with the cell" in names, names
+    panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+    ex = panel.finish(running)
+    assert ex.status == "ok" and stdout(ex) == "[rank 0]\n10\n[rank 1]\n1\n"
+    clear(panel, path)
+    # --ranks 0: only rank 0 runs the cell, and only rank 0 is in the Call Stack
+    code = code.replace("%%pg\n", "%%pg --ranks 0\n")
+    path = panel.request("dumpCell", {"code": code})["body"]["sourcePath"]
+    panel.request("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 4}]})
+    running = panel.run(code)
+    assert rank_of(panel.event("stopped", running=running)) == 0
+    assert [f["name"] for f in panel.frames(RANK_THREAD)] == ["rank 0: <module>"]
+    panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+    ex = panel.finish(running)
+    clear(panel, path)
+    assert ex.status == "ok" and stdout(ex) == "[rank 0]\n10\n"
+
+
 def test_pause_stops_a_running_rank_in_its_cell(panel):
     code = "%%pg\nimport time\nfor i in range(300):\n    time.sleep(0.02)\nprint(rank)\n"
     path = panel.request("dumpCell", {"code": code})["body"]["sourcePath"]

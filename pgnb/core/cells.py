@@ -61,8 +61,8 @@ class Recorder(Protocol):
 class Panel(Protocol):
     """JupyterLab's Debugger panel as a cell sees it (``pgnb.debugger.Bridge``): off, or where ranks stop."""
 
-    def cell_args(self, world: Dispatch, code: str) -> PanelArgs | None:
-        """What the ranks need to run this cell under the panel; None while the debugger is off."""
+    def cell_args(self, world: Dispatch, code: str, ranks: list[int]) -> PanelArgs | None:
+        """What ``ranks`` need to run this cell under the panel; None while the debugger is off."""
 
     def stopped_seconds(self) -> float:
         """Seconds of this cell so far during which a rank was stopped in the panel."""
@@ -138,7 +138,7 @@ def run_cell(world: Dispatch, code: str, options: CellOptions = DEFAULT_OPTIONS,
     server = None if prompter is None else DebugServer(stack_dir, prompter, options.pdb)
     debug: DebugArgs = server.args() if server is not None else {"path": None, "why": hooks.no_input}
     panel = hooks.panel
-    panel_args = None if panel is None else panel.cell_args(world, code)
+    panel_args = None if panel is None else panel.cell_args(world, code, [r for r, _ in pairs])
     if panel_args is not None:
         debug["panel"] = panel_args
 

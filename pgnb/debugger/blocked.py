@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.rendezvous import EngineInfo
-from ..core.stacks import dump_stacks
+from ..core.stacks import NO_CELL_CODE, dump_stacks
 from .ids import Ids
 
 
@@ -23,9 +23,12 @@ def blocked_frames(running: Mapping[int, EngineInfo], stack_dir: str, code: str,
     stacks = dump_stacks(running, stack_dir, code)
     for r in sorted(stacks, key=lambda r: (r != first, r)):
         stack = stacks[r]
-        head = f"rank {r}: running, waiting in {stack.blocked_in}" if stack.blocked_in else f"rank {r}: running"
-        if stack.note:
-            head += f" ({stack.note})"
+        if stack.blocked_in:
+            head = f"rank {r}: running, waiting in {stack.blocked_in}"
+        elif stack.note == NO_CELL_CODE:
+            head = f"rank {r}: done with the cell"
+        else:
+            head = f"rank {r}: running ({stack.note})" if stack.note else f"rank {r}: running"
         out.append({"id": ids.local(r, "blocked", 0), "name": head, "line": 0, "column": 0,
                     "presentationHint": "label"})
         for i, text in enumerate(t for t in reversed(stack.frames) if not t.startswith("    ")):

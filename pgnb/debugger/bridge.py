@@ -476,7 +476,7 @@ class Bridge:
         return out
 
     # ---- a %%pg cell (``pgnb.core.cells.Panel``) -----------------------------------------------------------
-    def cell_args(self, world: Dispatch, code: str) -> PanelArgs | None:
+    def cell_args(self, world: Dispatch, code: str, ranks: list[int]) -> PanelArgs | None:
         if not self.on:
             return None
         raw = self._raw_cell
@@ -489,7 +489,7 @@ class Bridge:
                     f.write(raw if offset else code)
         with self._lock:
             self._world, self._code = world, "#\n" * offset + code
-            self._pids = {info.pid: r for r, info in enumerate(world.rank_infos)}
+            self._pids = {world.rank_infos[r].pid: r for r in ranks}  # the ranks that run the cell
             self._stopped_total, self._stop_since, self._warned = 0.0, None, False
             released, self._released = self._released, False
         if released:  # after an interrupt the ranks got no breakpoints: the panel's are back before the cell runs
