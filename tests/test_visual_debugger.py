@@ -243,6 +243,15 @@ def test_an_exception_stops_only_when_the_panel_asks(panel):
         panel.request("continue", {"threadId": stop["body"]["threadId"]}, running=running)
         ex = panel.finish(running)
         assert ex.status == "error" and "ZeroDivisionError" in ex.error["stderr"]
+        # "uncaught": the cell's own exception (IPython catches it on the engine, after the cell's code)
+        panel.request("setExceptionBreakpoints", {"filters": ["uncaught"]})
+        panel.events.clear()
+        running = panel.run(code)
+        stop = panel.event("stopped", running=running)
+        assert rank_of(stop) == 0 and stop["body"]["reason"] == "exception"
+        panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+        ex = panel.finish(running)
+        assert ex.status == "error" and "ZeroDivisionError" in ex.error["stderr"]
     finally:
         panel.request("setExceptionBreakpoints", {"filters": []})
 
