@@ -28,6 +28,7 @@ TRIVIAL = 30
 
 MAIN = textwrap.dedent('''
     import os
+    import sys
     import pytest
     import torch
     import torch.distributed as dist
@@ -87,12 +88,14 @@ MAIN = textwrap.dedent('''
     def test_sets_an_env_var(rank):
         os.environ["PGNB_LEAKED"] = "1"
         torch.set_default_dtype(torch.float64)
+        sys.path.append("/pgnb-leaked-path")
 
 
     @pytest.mark.world(2)
     def test_after_the_leaks(rank):
         assert "PGNB_LEAKED" not in os.environ
         assert torch.get_default_dtype() == torch.float32
+        assert "/pgnb-leaked-path" not in sys.path
         dist.all_reduce(torch.ones(1))
 
 
@@ -253,6 +256,7 @@ def test_world_tests_in_one_session(pytester: pytest.Pytester) -> None:
     assert re.search(r"test_leaks_a_group ranks 0, 1: left 1 process group\(s\) it created.*destroyed them", out)
     assert re.search(r"test_sets_an_env_var ranks 0, 1: changed environment variable\(s\) PGNB_LEAKED", out)
     assert "test_sets_an_env_var ranks 0, 1: changed torch's default dtype (to float64)" in out
+    assert "test_sets_an_env_var ranks 0, 1: changed sys.path (added /pgnb-leaked-path); pgnb put it back" in out
     # a skip everywhere is a skip; on one rank only, an error that says which
     assert re.search(r"SKIPPED \[1\] test_main.py:\d+: not today", out), out
     assert "rank 1 skipped (no luck on rank 1) but rank 0 ran the test: a skip must agree on every rank" in out

@@ -98,6 +98,7 @@ def run_test(call: TestCall) -> TestReply:
                       "traceback": [], "clean": True})
         return reply
     device = _device(torch, dist)
+    path = list(sys.path)  # as the test finds it (its module's directory included): put back afterwards
     for name in call["on_rank"]:
         kwargs[name] = {"rank": rank, "world_size": dist.get_world_size(), "device": device}[name]
     _reseed(call["seed"], torch)
@@ -141,7 +142,7 @@ def run_test(call: TestCall) -> TestReply:
             reply["blocked_by"] = peer
     elif "error" in box:
         _report_error(reply, box["error"], box["at"], call, dist)
-    leaks = _undo_leaks(torch, dist, box.get("grad", True))
+    leaks = _undo_leaks(torch, dist, box.get("grad", True), path)
     reply["leaks"] = leaks
     reply.setdefault("clean", dist.is_initialized())
     reply["group_count"] = int(getattr(getattr(dist.distributed_c10d, "_world", None), "group_count", 0))
@@ -417,9 +418,14 @@ def _remember_baseline(call: TestCall, torch: Any, dist: Any) -> None:
                      world=world)
 
 
-def _undo_leaks(torch: Any, dist: Any, grad_enabled: bool) -> list[str]:
+def _undo_leaks(torch: Any, dist: Any, grad_enabled: bool, path: list[str]) -> list[str]:
     """Put back what the test changed; one line for each thing."""
     leaks: list[str] = []
+    if sys.path != path:  # the next test would import from where this one pointed
+        added = [p for p in sys.path if p not in path]
+        sys.path[:] = path
+        leaks.append(f"changed sys.path{' (added ' + ', '.join(map(str, added)) + ')' if added else ''}; "
+                     "pgnb put it back")
     if not grad_enabled:
         leaks.append("left grad mode off (torch.set_grad_enabled(False)); it ended with the test's thread")
     if _BASELINE["groups"] and not dist.is_initialized():
