@@ -150,6 +150,8 @@ class WorldPool:
         except Exception as e:
             _log.debug("re-initialising a world: %s", e)
             self.recycle(key)
+            return
+        self.suspect(sb)  # a test failed on it: probed before the next test
 
     def worlds(self) -> dict[WorldKey, Sandbox]:
         """The warm worlds now, by configuration (a copy)."""
