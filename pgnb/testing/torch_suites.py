@@ -27,13 +27,15 @@ those two methods on each test's instance, and nothing else of torch's:
 Every torch test runs on one warm world as large as the largest ``world_size``
 collected (a test of 2 runs on its first 2 ranks), whose own process group is
 destroyed: torch's tests make theirs from ``file_name``. Classes that override
-``_run`` keep it (the ranks call the class's own); classes that start no
-processes through ``_start_processes`` (torch's thread-based and local-tensor
-bases) run as they always do.
+``_run`` keep it (the ranks call the class's own); torch's other harness,
+``MultiProcContinuousTest``, is ``pgnb.testing.torch_continuous``'s (on the same
+world); classes that start no processes through either (torch's thread-based and
+local-tensor bases) run as they always do.
 
 Left to torch's spawning (the rule; the terminal summary lists each with its
-reason): a test that expects an exit status of its own (its method is in
-``special_return_code_checks`` or ``skip_return_code_checks``), a test whose own
+reason): a test that expects an exit status of its own (its own method is in
+``special_return_code_checks`` or ``skip_return_code_checks``; another test listed
+there for every test, as torch's ``TestDistBackend`` lists one, does not count), a test whose own
 code ends, kills or forks its process (it calls one of ``PROCESS_CALLS``), and a
 test marked ``pgnb_torch_spawn`` or matched by the ini setting ``pgnb_torch_spawn``.
 """
