@@ -14,6 +14,8 @@ skips the rest of the class), and so does a hung one.
 
 from __future__ import annotations
 
+import os
+import sys
 import textwrap
 import time
 import xml.etree.ElementTree as ET
@@ -344,3 +346,54 @@ def test_distributed_suite_runs_warm(pytester: pytest.Pytester) -> None:
     assert {k: got.get(k) for k in DISTRIBUTED} == DISTRIBUTED, out
     assert "left to torch's own spawning" not in out, out  # setUp lists test_ddp_has_finalized: not these
     assert "Skipped due to small world size." in out, out  # torch's reason, from the ranks' exit status
+
+
+def test_kill_9_of_pytest_during_a_continuous_class_leaves_nothing(pytester: pytest.Pytester, tmp_path) -> None:
+    import signal
+    import subprocess
+
+    import psutil
+    from conftest import wait_gone
+
+    ready = tmp_path / "ready"
+    ipythondir = tmp_path / "ipython"
+    ipythondir.mkdir()
+    pytester.makepyfile(test_k=textwrap.dedent(f"""
+        import time
+        from torch.testing._internal.common_distributed import MultiProcContinuousTest
+
+
+        class TestSleeps(MultiProcContinuousTest):
+            world_size = 2
+
+            @classmethod
+            def backend_str(cls):
+                return "gloo"
+
+            def test_sleeps(self):
+                open({str(ready)!r} + str(self.rank), "w").close()
+                time.sleep(120)
+    """))
+    env = {**os.environ, "IPYTHONDIR": str(ipythondir)}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pgnb-torch",
+                             "test_k.py"], cwd=pytester.path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    ours: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while not all(os.path.exists(f"{ready}{r}") for r in (0, 1)) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the inner pytest ended early"
+            time.sleep(0.1)
+        assert time.monotonic() < deadline, "the test never started on both ranks"
+        for p in psutil.process_iter(["pid"]):  # controller, zygote, engines, nannies, reaper
+            try:
+                if p.environ().get("IPYTHONDIR") == str(ipythondir) and p.pid != proc.pid:
+                    ours.add(p.pid)
+            except (psutil.Error, OSError):
+                pass
+        assert len(ours) >= 5, ours
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    left = wait_gone(ours, timeout=10)
+    assert not left, [(p, psutil.Process(p).cmdline()[:3]) for p in left]
