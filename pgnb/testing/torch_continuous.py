@@ -204,8 +204,10 @@ class ClassWorld:
         if verdict.kind == "skipped":
             raise unittest.SkipTest(verdict.message)
         # no poison pill: the next test of the class gets its group made afresh, or new engines after a hang
-        self._lose(sb, recycle=_stuck(rows))
-        pool.suspect(sb)
+        stuck = _stuck(rows)
+        self._lose(sb, recycle=stuck)
+        if not stuck:
+            pool.suspect(sb)  # probed before its next test
         raise WorldTestFailed(verdict.message, verdict.report)
 
     def end(self) -> None:

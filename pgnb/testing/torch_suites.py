@@ -380,7 +380,9 @@ def world_for(config: pytest.Config, n: int) -> Sandbox:
     pool = world_pool(config)
     key = pool.key({"world": max(n, config.stash.get(SIZE, 0))})
     sb = pool.worlds().get(key)  # as it is: a world whose group torch's tests destroyed stays so
-    if sb is not None and not pool.healthy(sb):  # a test failed on it: the probe says whether it can go on
+    # a test failed on it: the probe says whether it can go on (its ranks answer; the group there, if any, is
+    # a torch test's own, made again by the next test)
+    if sb is not None and not pool.healthy(sb, group=False):
         pool.recycle(sb)
         sb = None
     if sb is None:

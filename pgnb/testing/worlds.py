@@ -97,14 +97,15 @@ class WorldPool:
         """A test failed on this world: probe it before its next test."""
         self._suspects.add(id(sb))
 
-    def healthy(self, sb: Sandbox) -> bool:
-        """True unless the world is suspect and fails its probe (a world that passes is no longer suspect)."""
+    def healthy(self, sb: Sandbox, group: bool = True) -> bool:
+        """True unless the world is suspect and fails its probe (a world that passes is no longer suspect).
+        ``group``: the probe includes a barrier on the ranks' default group (pgnb's own)."""
         if id(sb) not in self._suspects:
             return True
         from ..rank.probe import probe
 
         try:
-            ok = all(sb.run(probe, PROBE_TIMEOUT, timeout=PROBE_TIMEOUT + 2.0))
+            ok = all(sb.run(probe, PROBE_TIMEOUT, group, timeout=PROBE_TIMEOUT + 2.0))
         except Exception as e:  # a rank raised, was lost or did not answer in time
             _log.debug("a suspect world failed its probe: %s", e)
             ok = False
