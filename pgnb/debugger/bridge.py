@@ -158,8 +158,10 @@ class Bridge:
             return await self._set_breakpoints(request)
         if command == "setExceptionBreakpoints":
             self.filters = list(args.get("filters") or [])
-            for link in list(self.links.values()):
-                link.send("setExceptionBreakpoints", {"filters": self._rank_filters()})
+            sent = [link.send("setExceptionBreakpoints", {"filters": self._rank_filters()})
+                    for link in list(self.links.values())]
+            if sent:
+                await asyncio.wait([asyncio.wrap_future(f) for f in sent], timeout=ANSWER_WAIT)
         target = self._rank_of(command, args)
         if target is not None and self.on:
             return await self._for_rank(request, *target)
@@ -324,9 +326,10 @@ class Bridge:
         self.breakpoints[path] = wanted
         if not wanted:
             self.breakpoints.pop(path, None)
-        for link in list(self.links.values()):
-            link.send("setBreakpoints", {"source": {"path": path}, "breakpoints": wanted})
-        # the ranks verify them when a cell runs; Lab draws them at once
+        sent = [link.send("setBreakpoints", {"source": {"path": path}, "breakpoints": wanted})
+                for link in list(self.links.values())]
+        if sent:  # in place on every connected rank before Lab hears back (a cell run next must meet them)
+            await asyncio.wait([asyncio.wrap_future(f) for f in sent], timeout=ANSWER_WAIT)
         return reply(request, {"breakpoints": [{"verified": True, "line": b["line"], "source": {"path": path}}
                                                for b in wanted]})
 
