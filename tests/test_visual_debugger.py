@@ -151,10 +151,13 @@ def test_a_rank_blocked_in_a_collective_is_shown_with_its_stack(panel):
         time.sleep(0.3)
     assert frames[0]["line"] == 4 and frames[0]["name"].startswith("rank 0: ")
     assert blocked and "waiting in all_reduce" in blocked[0]["name"], [f["name"] for f in frames]
-    assert any(f["name"] == "rank 1: Cell, line 5" for f in frames), [f["name"] for f in frames]
+    cell_frame = next(f for f in frames if f["name"] == "rank 1: Cell, line 5")
+    assert (cell_frame["source"]["path"], cell_frame["line"]) == (path, 5)  # Lab shows the line it waits on
+    assert all("source" in f for f in frames)  # Lab's Call Stack draws no frame without one
     scopes = panel.request("scopes", {"frameId": blocked[0]["id"]})["body"]["scopes"]
     assert scopes[0]["name"] == "rank 1 (running, not stopped)"
-    assert panel.request("continue", {"threadId": RANK_THREAD})["success"]  # rank 0 was shown last
+    # Lab 4's Continue asks for its default thread 1 (it forgot the stopped one): the rank shown runs on
+    assert panel.request("continue", {"threadId": 1})["success"]
     ex = panel.finish(running)
     clear(panel, path)
     assert ex.status == "ok" and stdout(ex) == "[rank 0]\n11.0\n[rank 1]\n11.0\n"

@@ -8,6 +8,7 @@ labelled frame per line; its one scope says it is running.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,10 +16,16 @@ from ..core.rendezvous import EngineInfo
 from ..core.stacks import NO_CELL_CODE, dump_stacks
 from .ids import Ids
 
+#: A cell's frame in pgnb's stack text: ``  Cell, line 5`` or ``  Cell, line 3, in f``.
+_CELL_LINE = re.compile(r"^\s*Cell, line (\d+)")
 
-def blocked_frames(running: Mapping[int, EngineInfo], stack_dir: str, code: str, ids: Ids,
+
+def blocked_frames(running: Mapping[int, EngineInfo], stack_dir: str, code: str, cell_file: str, ids: Ids,
                    first: int) -> list[dict[str, Any]]:
-    """Each running rank's stack (``first`` first, then by rank): a heading frame, then its frames, innermost first."""
+    """Each running rank's stack (``first`` first, then by rank): a heading frame, then its frames, innermost first.
+
+    Every frame has a ``source`` (Lab's Call Stack draws none without one): the cell's own lines are on the
+    cell's file, so clicking one shows its line; the rest are named after their rank."""
     out: list[dict[str, Any]] = []
     stacks = dump_stacks(running, stack_dir, code)
     for r in sorted(stacks, key=lambda r: (r != first, r)):
@@ -29,11 +36,15 @@ def blocked_frames(running: Mapping[int, EngineInfo], stack_dir: str, code: str,
             head = f"rank {r}: done with the cell"
         else:
             head = f"rank {r}: running ({stack.note})" if stack.note else f"rank {r}: running"
-        out.append({"id": ids.local(r, "blocked", 0), "name": head, "line": 0, "column": 0,
+        label = {"name": f"rank {r}"}
+        out.append({"id": ids.local(r, "blocked", 0), "name": head, "line": 0, "column": 0, "source": label,
                     "presentationHint": "label"})
         for i, text in enumerate(t for t in reversed(stack.frames) if not t.startswith("    ")):
-            out.append({"id": ids.local(r, "blocked", i + 1), "name": f"rank {r}: {text.strip()}",
-                        "line": 0, "column": 0, "presentationHint": "subtle"})
+            in_cell = _CELL_LINE.match(text)
+            where = ({"source": {"name": f"rank {r}", "path": cell_file}, "line": int(in_cell[1])} if in_cell
+                     else {"source": label, "line": 0})
+            out.append({"id": ids.local(r, "blocked", i + 1), "name": f"rank {r}: {text.strip()}", "column": 0,
+                        "presentationHint": "subtle", **where})
     return out
 
 

@@ -121,6 +121,7 @@ class Bridge:
         self._pids: dict[int, int] = {}  # pid -> rank, for the ranks of the running cell
         self._world: Dispatch | None = None
         self._code = ""
+        self._cell_file = ""
         self._raw_cell = ""
         self.breakpoints: dict[str, list[dict[str, Any]]] = {}  # %%pg cell file -> Lab's breakpoints
         self.filters: list[str] = []
@@ -179,6 +180,10 @@ class Bridge:
         """``(rank, kind, rank's id)`` when the request is about a rank (kind "thread" for a thread's)."""
         if command in (*_STEPS, "stackTrace", "exceptionInfo"):
             rank = thread_rank(args.get("threadId"))
+            if rank is None and command in _STEPS and self.stopped and not self._kernel_stopped():
+                # Lab 4's Continue forgets the thread it stopped on before it sends the request, so it asks for
+                # its default thread (1): with ranks stopped and the kernel not, the user means the rank shown
+                rank = self.shown if self.shown in self.stopped else min(self.stopped)
             return None if rank is None else (rank, "thread", -1)
         key = "srcFrameId" if command == "copyToGlobals" else "frameId"
         if command in _BY_FRAME:
@@ -188,6 +193,10 @@ class Bridge:
         else:
             return None
         return found
+
+    def _kernel_stopped(self) -> bool:
+        """Whether the kernel's own debugpy has a thread stopped (ipykernel's ``Debugger.stopped_threads``)."""
+        return bool(getattr(getattr(self.kernel, "debugger", None), "stopped_threads", None))
 
     async def _for_rank(self, request: Message, rank: int, kind: str, remote: int) -> Message:
         command = request["command"]
@@ -272,7 +281,7 @@ class Bridge:
         if world is None or not self.stopped:
             return []
         running = {r: world.rank_infos[r] for r in sorted(self._pids.values()) if r not in self.stopped}
-        return blocked_frames(running, world.scratch_dir, self._code, self.ids, first)
+        return blocked_frames(running, world.scratch_dir, self._code, self._cell_file, self.ids, first)
 
     # ---- stepping ------------------------------------------------------------------------------------------
     async def _step(self, request: Message, rank: int, args: dict[str, Any]) -> Message:
@@ -491,7 +500,7 @@ class Bridge:
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(raw if offset else code)
         with self._lock:
-            self._world, self._code = world, "#\n" * offset + code
+            self._world, self._code, self._cell_file = world, "#\n" * offset + code, path
             self._pids = {world.rank_infos[r].pid: r for r in ranks}  # the ranks that run the cell
             self._stopped_total, self._stop_since, self._warned = 0.0, None, False
             released, self._released = self._released, False
