@@ -120,11 +120,6 @@ def _screenshot(nb: Any, artifacts: Path) -> None:
         page.screenshot(path=str(REPO_ROOT / "docs" / "debugger_panel.png"))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pgnb/debugger: Lab 4.6's Continue sends threadId 1 (DebuggerService.continue drops the stopped thread before "
-    "it reads it), which the bridge gives to the kernel's debugpy, so no rank runs on (route a 'continue' for no "
-    "rank's thread, while ranks are stopped, to the rank shown); and a blocked rank's frames have no 'source', on "
-    "which Lab's Call Stack draws no frame at all (getDisplayName(frame.source) reads .path of undefined)"))
 def test_breakpoints_in_the_gutter_stop_the_ranks_and_the_panel_shows_each(
     open_notebook: Any, lab_server: Any, artifacts: Path, pgnb_leftovers: Any
 ) -> None:
