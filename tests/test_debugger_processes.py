@@ -1,19 +1,18 @@
 """pgnb's processes with JupyterLab's debugger on: a real kernel, its debugger switched on and off as Lab 4 does it.
 
 Lab's bug button sends ``debug_request``s on the kernel's control channel: ``initialize``, ``attach``,
-``debugInfo``, ``configurationDone`` (on), ``disconnect`` (off). From the first ``attach`` on,
+``configurationDone`` (on), ``disconnect`` (off) (``dap_util.Panel``). From the first ``attach`` on,
 ipykernel's debugpy rewrites every Python child the kernel starts so that it waits for a debug
 client Lab never gives it; pgnb's controller, zygote, engines and reaper must start as if it did not.
 """
 
 from __future__ import annotations
 
-import itertools
 import re
-import time
 
 import psutil
 import pytest
+from dap_util import Panel
 from procs_util import MarkedKernel
 
 from pgnb.core.waiting import poll_until
@@ -27,40 +26,6 @@ t = torch.ones(1) * (dist.get_rank() + 1)
 dist.all_reduce(t)
 print("sum", int(t.item()))"""
 GROUPED = re.compile(r"\[rank 0\].*sum 3.*\[rank 1\].*sum 3", re.S)
-#: Lab's own initialize arguments (packages/debugger, DebuggerSession.start)
-INITIALIZE = {"clientID": "jupyterlab", "clientName": "JupyterLab", "adapterID": "python", "pathFormat": "path",
-              "linesStartAt1": True, "columnsStartAt1": True, "supportsVariableType": True,
-              "supportsVariablePaging": True, "supportsRunInTerminalRequest": True, "locale": "en"}
-
-
-class Debugger:
-    """The kernel's debugger, switched on and off through ``debug_request``s, as JupyterLab's bug button does."""
-
-    def __init__(self, kernel: MarkedKernel) -> None:
-        self.kernel = kernel
-        self.seq = itertools.count(1)
-
-    def request(self, command: str, arguments: dict | None = None, timeout: float = 30) -> dict:
-        kc = self.kernel.kc
-        msg = kc.session.msg("debug_request", {"type": "request", "seq": next(self.seq), "command": command,
-                                               "arguments": arguments or {}})
-        kc.control_channel.send(msg)
-        deadline = time.monotonic() + timeout
-        while True:
-            reply = kc.get_control_msg(timeout=max(deadline - time.monotonic(), 0.1))
-            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-                content = reply["content"]
-                assert content.get("success"), content
-                return content
-
-    def on(self) -> None:
-        self.request("initialize", INITIALIZE)
-        self.request("attach")
-        self.request("debugInfo")
-        self.request("configurationDone")
-
-    def off(self) -> None:
-        self.request("disconnect", {"restart": False, "terminateDebuggee": False})
 
 
 def _is_debug_adapter(p: psutil.Process) -> bool:
@@ -116,7 +81,8 @@ def kernel():
 
 @pytest.fixture(scope="module")
 def debugger(kernel):
-    return Debugger(kernel)
+    """The kernel's debugger, switched on (``start``) and off (``stop``) as JupyterLab's bug button does."""
+    return Panel(kernel)
 
 
 def test_world_starts_with_the_debugger_on_as_fast_as_off(kernel, debugger):
@@ -125,7 +91,7 @@ def test_world_starts_with_the_debugger_on_as_fast_as_off(kernel, debugger):
     assert kernel.execute("%pg_shutdown").status == "ok"
     assert _nothing_left(kernel) == ([], [])
 
-    debugger.on()
+    debugger.start()
     # before pgnb started its processes outside debugpy, this failed after 120 s (the zygote never forked)
     on = kernel.execute(INIT, timeout=90)
     assert on.status == "ok", on.text()
@@ -140,7 +106,7 @@ def test_world_starts_with_the_debugger_on_as_fast_as_off(kernel, debugger):
 
 def test_switching_the_debugger_off_and_on_leaves_the_world_alone(kernel, debugger):
     pids = _engine_pids(kernel)
-    for switch in (debugger.off, debugger.on, debugger.off, debugger.on):
+    for switch in (debugger.stop, debugger.start, debugger.stop, debugger.start):
         switch()
         ex = kernel.execute(CELL, timeout=60)
         assert ex.status == "ok" and GROUPED.search(ex.text()), (switch.__name__, ex.text())
@@ -157,4 +123,4 @@ def test_force_and_shutdown_with_the_debugger_on_leave_nothing(kernel, debugger)
     ex = kernel.execute("%pg_shutdown")
     assert ex.status == "ok", ex.text()
     assert _nothing_left(kernel) == ([], [])
-    debugger.off()
+    debugger.stop()
