@@ -148,6 +148,16 @@ def local_controller() -> type:
     return _local_controller
 
 
+def with_local_controller(cluster: Any) -> Any:
+    """``cluster`` with pgnb's local controller launcher where its profile left ipyparallel's: the controller
+    is then a Python process of this machine, which starts outside the kernel's debugger too."""
+    from ipyparallel.cluster.launcher import LocalControllerLauncher
+
+    if cluster.controller_launcher_class is LocalControllerLauncher:
+        cluster.controller_launcher_class = local_controller()
+    return cluster
+
+
 def mpi_environment(environ: Mapping[str, str] | None = None, is_root: bool | None = None) -> dict[str, str]:
     """What ``mpiexec`` (OpenMPI 4) needs to start a notebook-sized world on one machine.
 
@@ -368,11 +378,7 @@ class EnginePool:
             cluster = self._ipp.Cluster(**kwargs)
         except Exception as e:  # traitlets rejects an unknown launcher name here
             raise SpecError(f"ipyparallel has no engine launcher {self.launcher!r}: {e}") from None
-        from ipyparallel.cluster.launcher import LocalControllerLauncher
-
-        if cluster.controller_launcher_class is LocalControllerLauncher:  # the profile's default, a local Python
-            cluster.controller_launcher_class = local_controller()  # outside the kernel's debugger too
-        return cluster
+        return with_local_controller(cluster)
 
     def _checked(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` (a blocking ipyparallel call) in a thread of its own, calling ``check`` meanwhile.
