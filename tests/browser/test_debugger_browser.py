@@ -43,8 +43,8 @@ CELLS = [
     "x = 41\ny = x + 1\nprint(y)",
     "%%pg\nimport torch, torch.distributed as dist\nx = 40 + rank\ntotal = torch.tensor([x])\n"
     "dist.all_reduce(total)\nprint(x, int(total))",
+    "%pg_shutdown",
 ]
-CELLS.append("%pg_shutdown")
 PLAIN_LINE = 2  # y = x + 1
 PG_LINE = 4  # total = torch.tensor([x]), the %%pg line counted as line 1
 GROUPED = re.compile(r"\[rank 0\]\s*40 81\s*\[rank 1\]\s*41 81")
