@@ -71,6 +71,9 @@ def test_wheel_metadata(wheel):
     pythons = {c for c in classifiers if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
     assert pythons == {"Programming Language :: Python :: 3.10", "Programming Language :: Python :: 3.11"}, pythons
     assert meta["Description-Content-Type"] == "text/markdown"
+    # the licence the metadata names, with its text beside it
+    assert meta["License-Expression"] == "BSD-3-Clause", meta["License-Expression"]
+    assert f"pgnb-{pgnb.__version__}.dist-info/licenses/LICENSE" in wheel.namelist()
     entry_points = wheel.read(f"pgnb-{pgnb.__version__}.dist-info/entry_points.txt").decode()
     for line in ("pgnb = pgnb.__main__:main", "pgnb = pgnb.testing.plugin",
                  "pgnb.fork = pgnb.procs.forklauncher:ForkEngineSetLauncher"):
