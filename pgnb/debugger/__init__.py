@@ -2,8 +2,9 @@
 
 ``install(shell)`` gives the kernel's debug requests to a ``Bridge`` (``bridge.py``),
 which answers what concerns a rank and leaves the rest to ipykernel's debugger;
-``link.py`` is one rank's Debug Adapter Protocol connection; ``ids.py`` the ids
-Lab sees for ranks' threads, frames and variables.
+``link.py`` is one rank's Debug Adapter Protocol connection; ``breakpoints.py``
+the panel's breakpoints the ranks get; ``ids.py`` the ids Lab sees for ranks'
+threads, frames and variables.
 """
 
 from __future__ import annotations

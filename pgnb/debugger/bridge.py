@@ -6,8 +6,8 @@ debugpy inside the kernel. ``Bridge`` takes the kernel's ``do_debug_request``
 and keeps ipykernel's answer for everything that is not about a rank, so plain
 cells debug as before. While the debugger is on, it listens on 127.0.0.1 for the
 ranks' pydevd (``pgnb.rank.dap``), which connect when a ``%%pg`` cell starts;
-it gives them the panel's breakpoints for ``%%pg`` cells (a cell whose dumped
-text starts with ``%%pg``), and routes what Lab asks about a rank to that rank:
+it gives them the panel's breakpoints for ``%%pg`` cells (``breakpoints.Breakpoints``
+keeps them), and routes what Lab asks about a rank to that rank:
 
 - each rank is a thread named ``rank N`` (``ids.RANK_THREAD + N``); its frames and
   variable references get ids of the bridge's own (``ids.Ids``);
@@ -39,6 +39,7 @@ from ..core.dispatch import Dispatch
 from ..core.remote import is_local
 from ..core.text import ranks_text
 from .blocked import blocked_frames, blocked_view
+from .breakpoints import Breakpoints
 from .ids import Ids, rank_thread, thread_rank
 from .link import ANSWER_WAIT, Message, RankLink
 
@@ -56,9 +57,6 @@ WARN_SHARE = 0.75
 REANNOUNCE_AFTER = 0.3
 #: Seconds an interrupt waits for the ranks stopped in the panel to run again before it reaches them.
 RESUME_WAIT = 1.0
-#: Lab's "uncaught" means: the cell raised (IPython catches every cell's exception, so for pydevd it is handled
-#: in library code, after user code).
-_FILTERS = {"uncaught": "userUnhandled"}
 #: Packages no debugger looks into, neither the kernel's own nor the ranks' (``Bridge._hide_the_bridge``): pgnb
 #: and the libraries it runs cells with raise and catch exceptions, which "raised exceptions" would stop at.
 _HIDDEN = ("pgnb", "ipyparallel", "zmq", "tornado", "traitlets", "jupyter_client", "IPython", "ipykernel", "psutil",
@@ -123,8 +121,7 @@ class Bridge:
         self._code = ""
         self._cell_file = ""
         self._raw_cell = ""
-        self.breakpoints: dict[str, list[dict[str, Any]]] = {}  # %%pg cell file -> Lab's breakpoints
-        self.filters: list[str] = []
+        self.breakpoints = Breakpoints()
         self.ids = Ids()
         self.stopped: dict[int, dict[str, Any]] = {}  # rank -> the body of its stopped event (its own thread id)
         self.shown: int | None = None  # the rank whose frame Lab showed last
@@ -155,22 +152,21 @@ class Bridge:
             ranks = await self._continue_all()
             return reply(request, {"result": f"{ranks_text(ranks)} run on" if ranks else "no rank is stopped",
                                    "variablesReference": 0})
-        if command == "setBreakpoints" and self._is_pg_cell(str((args.get("source") or {}).get("path", ""))):
-            return await self._set_breakpoints(request)
-        if command == "setExceptionBreakpoints":
-            self.filters = list(args.get("filters") or [])
-            sent = [link.send("setExceptionBreakpoints", {"filters": self._rank_filters()})
-                    for link in list(self.links.values())]
-            if sent:
-                await asyncio.wait([asyncio.wrap_future(f) for f in sent], timeout=ANSWER_WAIT)
+        path = str((args.get("source") or {}).get("path", ""))
+        if command == "setBreakpoints" and self.breakpoints.is_pg_cell(path):
+            wanted = [dict(b) for b in args.get("breakpoints") or []]
+            await self.breakpoints.set(path, wanted, list(self.links.values()))
+            return reply(request, {"breakpoints": [{"verified": True, "line": b["line"], "source": {"path": path}}
+                                                   for b in wanted]})
+        if command == "setExceptionBreakpoints":  # the kernel's own debugpy gets them too
+            await self.breakpoints.set_filters(list(args.get("filters") or []), list(self.links.values()))
         target = self._rank_of(command, args)
         if target is not None and self.on:
             return await self._for_rank(request, *target)
         answer = await self._ipykernel(request)
         if command == "debugInfo" and answer.get("success"):
             body = answer.setdefault("body", {})
-            body.setdefault("breakpoints", []).extend(
-                {"source": path, "breakpoints": bps} for path, bps in self.breakpoints.items())
+            body.setdefault("breakpoints", []).extend(self.breakpoints.listing())
             body.setdefault("stoppedThreads", []).extend(rank_thread(r) for r in sorted(self.stopped))
         elif command == "threads" and self.on and answer.get("success"):
             answer.setdefault("body", {}).setdefault("threads", []).extend(self._threads())
@@ -272,7 +268,7 @@ class Bridge:
 
     def _trim(self, frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """A rank's frames from the innermost to the cell's own (IPython's frames above the cell dropped)."""
-        cells = {i for i, f in enumerate(frames) if (f.get("source") or {}).get("path") in self.breakpoints
+        cells = {i for i, f in enumerate(frames) if (f.get("source") or {}).get("path") in self.breakpoints.by_path
                  or "/ipykernel_" in str((f.get("source") or {}).get("path", ""))}
         return frames[: max(cells) + 1] if cells else frames
 
@@ -318,33 +314,7 @@ class Bridge:
             await self._ask(r, "continue", {"threadId": stop["threadId"]})
         return sorted(stops)
 
-    # ---- breakpoints ---------------------------------------------------------------------------------------
-    def _is_pg_cell(self, path: str) -> bool:
-        if path in self.breakpoints:
-            return True
-        try:
-            with open(path, encoding="utf-8") as f:
-                return f.read(64).lstrip().startswith("%%pg")
-        except OSError:
-            return False
-
-    async def _set_breakpoints(self, request: Message) -> Message:
-        args = request["arguments"]
-        path = str(args["source"]["path"])
-        wanted = [dict(b) for b in args.get("breakpoints") or []]
-        self.breakpoints[path] = wanted
-        if not wanted:
-            self.breakpoints.pop(path, None)
-        sent = [link.send("setBreakpoints", {"source": {"path": path}, "breakpoints": wanted})
-                for link in list(self.links.values())]
-        if sent:  # in place on every connected rank before Lab hears back (a cell run next must meet them)
-            await asyncio.wait([asyncio.wrap_future(f) for f in sent], timeout=ANSWER_WAIT)
-        return reply(request, {"breakpoints": [{"verified": True, "line": b["line"], "source": {"path": path}}
-                                               for b in wanted]})
-
-    def _rank_filters(self) -> list[str]:
-        return [_FILTERS.get(f, f) for f in self.filters]
-
+    # ---- the debugger on and off ---------------------------------------------------------------------------
     def _hide_the_bridge(self) -> None:
         """The kernel's own debugpy does not look into pgnb and the libraries it drives a world with: ipykernel
         skips the modules loaded when the kernel started (``filter_internal_frames``), and these come later. With
@@ -354,7 +324,6 @@ class Bridge:
             return
         modules.extend(f for f in _hidden_folders() if f not in modules)  # a folder: pydevd skips what is below it
 
-    # ---- the debugger on and off ---------------------------------------------------------------------------
     def start(self) -> None:
         with self._lock:
             if self.on:
@@ -382,7 +351,7 @@ class Bridge:
             link.close()
         if listener is not None:
             listener.close()
-        self.breakpoints.clear()
+        self.breakpoints.by_path.clear()
         self._ran_on_all()
 
     def _pre_run_cell(self, info: Any) -> None:
@@ -409,9 +378,7 @@ class Bridge:
                 return
             link.rank = rank
             link.call("attach", {**ATTACH, "rules": [{"path": f, "include": False} for f in _hidden_folders()]})
-            for path, wanted in list(self.breakpoints.items()):
-                link.call("setBreakpoints", {"source": {"path": path}, "breakpoints": wanted})
-            link.call("setExceptionBreakpoints", {"filters": self._rank_filters()})
+            self.breakpoints.give(link)
             with self._lock:
                 old = self.links.get(rank)
                 self.links[rank] = link
@@ -505,11 +472,7 @@ class Bridge:
             self._stopped_total, self._stop_since, self._warned = 0.0, None, False
             released, self._released = self._released, False
         if released:  # after an interrupt the ranks got no breakpoints: the panel's are back before the cell runs
-            pending = [link.send("setBreakpoints", {"source": {"path": p}, "breakpoints": wanted})
-                       for link in list(self.links.values()) for p, wanted in list(self.breakpoints.items())]
-            pending += [link.send("setExceptionBreakpoints", {"filters": self._rank_filters()})
-                        for link in list(self.links.values())]
-            for done in pending:
+            for done in self.breakpoints.give_back(list(self.links.values())):
                 with contextlib.suppress(Exception):
                     done.result(ANSWER_WAIT)
         return {"host": socket.gethostname(), "port": self.port, "cell_file": path, "line_offset": offset}
@@ -543,9 +506,7 @@ class Bridge:
         pending: list[Future[Message]] = []
         waking = set()
         for rank, link in links:
-            for path in list(self.breakpoints):
-                pending.append(link.send("setBreakpoints", {"source": {"path": path}, "breakpoints": []}))
-            pending.append(link.send("setExceptionBreakpoints", {"filters": []}))
+            pending += self.breakpoints.take_away(link)
             stop = self.stopped.get(rank)
             if stop is not None:
                 self._ran_on(rank)
