@@ -8,6 +8,7 @@ the control channel, ``debug_event``s on iopub, cells on the shell channel.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -68,6 +69,15 @@ def stop_both(panel: Panel, code: str, line: int):
     return path, running, stops
 
 
+def names_in(panel: Panel, ref: int) -> set[str]:
+    """The names of a scope's variables, those of pydevd's groups in it ("function variables", ...) too."""
+    found = panel.request("variables", {"variablesReference": ref})["body"]["variables"]
+    names = {v["name"] for v in found}
+    for group in [v for v in found if v["name"].endswith(" variables") and v["variablesReference"]]:
+        names |= names_in(panel, group["variablesReference"])
+    return names
+
+
 def clear(panel: Panel, path: str) -> None:
     panel.request("setBreakpoints", {"source": {"path": path}, "breakpoints": []})
 
@@ -92,6 +102,12 @@ def test_a_breakpoint_stops_every_rank_and_the_panel_shows_each(panel):
         assert top["name"].startswith(f"rank {r}: ")
         assert {f["name"].split(":")[0] for f in frames} == {"rank 0", "rank 1"}  # every stopped rank's frames
         assert panel.variables(top["id"])["x"] == str(40 + r)
+        scopes = panel.request("scopes", {"frameId": top["id"]})["body"]["scopes"]
+        assert "Globals" in [s["name"] for s in scopes], scopes
+        for scope in scopes:  # the cell's own names, none of those ipyparallel's apply holds while it runs
+            names = names_in(panel, scope["variablesReference"])
+            assert {"x", "rank", "world_size"} <= names, (scope["name"], names)
+            assert not [n for n in names if re.fullmatch(r"_.+_(f|args|kwargs|result)", n)], (scope["name"], names)
         ev = panel.request("evaluate", {"expression": "x * 2", "frameId": top["id"], "context": "repl"})
         assert ev["body"]["result"] == str(2 * (40 + r))
         rich = panel.request("richInspectVariables", {"variableName": "x", "frameId": top["id"]})

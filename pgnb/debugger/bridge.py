@@ -27,12 +27,13 @@ import ast
 import asyncio
 import contextlib
 import os
+import re
 import socket
 import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Literal
 
 from .._wire import PanelArgs
 from ..core.dispatch import Dispatch
@@ -61,6 +62,12 @@ RESUME_WAIT = 1.0
 #: and the libraries it runs cells with raise and catch exceptions, which "raised exceptions" would stop at.
 _HIDDEN = ("pgnb", "ipyparallel", "zmq", "tornado", "traitlets", "jupyter_client", "IPython", "ipykernel", "psutil",
            "asyncio", "concurrent", "json")
+#: The names ipyparallel's apply puts in the engine's namespace while a call (the cell) runs, and removes after it:
+#: ``_{msg_id}_f``, ``_args``, ``_kwargs``, ``_result`` (``ipyparallel.engine.kernel``'s ``do_apply``), where the
+#: msg_id is jupyter_client's ``{session}_{pid}_{count}`` with its dashes made underscores. Not the user's.
+_APPLY_TEMPORARY = re.compile(r"_\w+_\d+_\d+_(?:f|args|kwargs|result)")
+#: pydevd's groups of a scope's variables (``DAPGrouper``: the apply's function is among "function variables").
+_GROUPS = ("special variables", "protected variables", "function variables", "class variables")
 _STEPS = ("next", "stepIn", "stepOut", "continue", "pause")
 _BY_FRAME = ("scopes", "evaluate", "richInspectVariables", "completions", "copyToGlobals", "setExpression")
 _BY_VARS = ("variables", "setVariable")
@@ -101,6 +108,10 @@ def cell_file(text: str) -> str:
     from ipykernel import compiler
 
     return str(compiler.get_file_name(text))  # type: ignore[no-untyped-call]
+
+
+def _is_group(variable: dict[str, Any]) -> bool:
+    return variable.get("name") in _GROUPS and "evaluateName" not in variable
 
 
 class Bridge:
@@ -223,7 +234,7 @@ class Bridge:
                 with contextlib.suppress(ValueError, SyntaxError, TypeError):
                     data, meta = ast.literal_eval(answer["body"]["result"])
             return reply(request, {"data": data, "metadata": {k: v for k, v in meta.items() if k in data}})
-        return self._answer(request, answer, rank)
+        return self._answer(request, answer, rank, namespace=kind == "scope")
 
     async def _ask(self, rank: int, command: str, args: dict[str, Any]) -> Message:
         link = self.links.get(rank)
@@ -234,23 +245,26 @@ class Bridge:
         except (ConnectionError, asyncio.TimeoutError) as e:
             return {"success": False, "message": f"rank {rank} did not answer {command} ({e or 'timeout'})"}
 
-    def _answer(self, request: Message, answer: Message, rank: int) -> Message:
-        """A rank's response to Lab's request, its frame and variable ids made the bridge's."""
+    def _answer(self, request: Message, answer: Message, rank: int, namespace: bool = False) -> Message:
+        """A rank's response to Lab's request, its frame and variable ids made the bridge's; a scope's variables
+        (``namespace``) without ipyparallel's temporaries."""
         body = answer.get("body")
         if isinstance(body, dict):
             body = dict(body)
             if "variables" in body:
                 accept = getattr(getattr(self.kernel, "debugger", None), "accept_variable", lambda name: True)
-                body["variables"] = [self._vars(v, rank) for v in body["variables"] if accept(v.get("name", ""))]
+                body["variables"] = [
+                    self._vars(v, rank, "scope" if namespace and _is_group(v) else "vars") for v in body["variables"]
+                    if accept(v.get("name", "")) and not (namespace and _APPLY_TEMPORARY.fullmatch(str(v.get("name"))))]
             if "scopes" in body:
-                body["scopes"] = [self._vars(s, rank) for s in body["scopes"]]
+                body["scopes"] = [self._vars(s, rank, "scope") for s in body["scopes"]]
             body = self._vars(body, rank)
         return reply(request, body, bool(answer.get("success")), str(answer.get("message", "")))
 
-    def _vars(self, item: dict[str, Any], rank: int) -> dict[str, Any]:
+    def _vars(self, item: dict[str, Any], rank: int, kind: Literal["scope", "vars"] = "vars") -> dict[str, Any]:
         ref = item.get("variablesReference")
         if isinstance(ref, int) and ref > 0:
-            item = {**item, "variablesReference": self.ids.local(rank, "vars", ref)}
+            item = {**item, "variablesReference": self.ids.local(rank, kind, ref)}
         return item
 
     # ---- stacks: stopped ranks, then blocked ones ----------------------------------------------------------

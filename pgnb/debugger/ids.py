@@ -17,9 +17,9 @@ from typing import Literal
 RANK_THREAD = 1 << 20
 #: The first id ``Ids`` gives.
 FIRST_ID = 1 << 32
-#: What an id stands for: a frame or variable reference of a stopped rank's pydevd, or pgnb's read-only view of
-#: a rank that is running (blocked) while another is stopped.
-Kind = Literal["frame", "vars", "blocked", "blocked-vars"]
+#: What an id stands for: a frame, scope (a frame's Locals or Globals) or other variable reference of a stopped
+#: rank's pydevd, or pgnb's read-only view of a rank that is running (blocked) while another is stopped.
+Kind = Literal["frame", "scope", "vars", "blocked", "blocked-vars"]
 
 
 def rank_thread(rank: int) -> int:
