@@ -8,6 +8,7 @@ the control channel, ``debug_event``s on iopub, cells on the shell channel.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -170,6 +171,10 @@ def test_a_rank_blocked_in_a_collective_is_shown_with_its_stack(panel):
     cell_frame = next(f for f in frames if f["name"] == "rank 1: Cell, line 5")
     assert (cell_frame["source"]["path"], cell_frame["line"]) == (path, 5)  # Lab shows the line it waits on
     assert all("source" in f for f in frames)  # Lab's Call Stack draws no frame without one
+    # and each of rank 1's frames on its own file and line (a library's too): Lab's Call Stack shows path:line
+    rank1 = [f for f in frames if f["name"].startswith("rank 1: ")]
+    assert len(rank1) >= 3 and all(f["line"] > 0 and os.path.isfile(f["source"]["path"]) for f in rank1), rank1
+    assert any("distributed_c10d.py" in f["source"]["path"] for f in rank1), rank1
     scopes = panel.request("scopes", {"frameId": blocked[0]["id"]})["body"]["scopes"]
     assert scopes[0]["name"] == "rank 1 (running, not stopped)"
     # Lab 4's Continue asks for its default thread 1 (it forgot the stopped one): the rank shown runs on

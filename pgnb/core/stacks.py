@@ -55,12 +55,24 @@ ASKED = "its stack was asked for"
 
 
 @dataclass(frozen=True)
+class Place:
+    """A frame's own file, line and function, as the rank's stack dump gives them."""
+
+    path: str
+    line: int
+    func: str
+
+
+@dataclass(frozen=True)
 class Stack:
     """Where one still-running rank is: its frames (most recent call last) and the innermost one."""
 
     frames: tuple[str, ...] = ()
     blocked_in: str = ""  # e.g. "all_reduce (distributed_c10d.py)" or "the cell, line 3"
     note: str = ""  # why there are no frames
+    #: each frame's file and line, one per frame of ``frames`` (its lines not indented as a source line), in order:
+    #: the text shows a library's frame without them, a debugger shows where it is
+    places: tuple[Place, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -156,7 +168,7 @@ def dump_stacks(infos: Mapping[int, EngineInfo], stack_dir: str, code: str = "",
         out[r] = Stack(note=NO_ANSWER)
     for r, text in answers.items():
         frames, where = trim_stack(text, code)
-        out[r] = Stack(tuple(frames), where, "" if frames else NO_CELL_CODE)
+        out[r] = Stack(tuple(frames), where, "" if frames else NO_CELL_CODE, stack_places(text))
     return out
 
 
@@ -177,6 +189,32 @@ def trim_stack(dump: str, code: str = "") -> tuple[list[str], str]:
     cell's frames (and earlier cells') get their line and source, from
     ``code`` for this cell; library frames only their file and function.
     """
+    mine, cell_file = _cell_thread(dump)
+    if mine:
+        lines = []
+        for f, ln, fn in reversed(mine):
+            lines.append(_frame_text(f, ln, fn, cell_file))
+            src = _source_line(f, ln, cell_file, code)
+            if src:
+                lines.append(f"    {src}")
+        f, ln, fn = mine[0]
+        if f == cell_file:
+            where = f"the cell, line {ln}"
+        elif _CELL_FILE.search(f):
+            where = f"{fn} (an earlier cell, line {ln})"
+        else:
+            where = f"{fn} ({os.path.basename(f)})"
+        return lines, where
+    return [], ""
+
+
+def stack_places(dump: str) -> tuple[Place, ...]:
+    """The file and line of each frame ``trim_stack`` keeps, in its order (most recent call last)."""
+    return tuple(Place(f, ln, fn) for f, ln, fn in reversed(_cell_thread(dump)[0]))
+
+
+def _cell_thread(dump: str) -> tuple[list[tuple[str, int, str]], str]:
+    """The frames of the thread running the cell, innermost first (at most ``STACK_FRAMES``), and the cell's file."""
     threads: list[list[tuple[str, int, str]]] = []
     for line in dump.splitlines():
         if line.startswith(("Thread 0x", "Current thread 0x", "Stack (most recent call first)")):
@@ -193,22 +231,7 @@ def trim_stack(dump: str, code: str = "") -> tuple[list[str], str]:
         cell_file = frames[cut - 1][0]
         if not _CELL_FILE.search(cell_file):
             continue  # past the cell's code: IPython is ending the cell (e.g. formatting its error)
-        # innermost first
-        mine = [f for f in frames[:cut] if not f[0].endswith(_TRACER_FILE)][:STACK_FRAMES]
-        lines = []
-        for f, ln, fn in reversed(mine):
-            lines.append(_frame_text(f, ln, fn, cell_file))
-            src = _source_line(f, ln, cell_file, code)
-            if src:
-                lines.append(f"    {src}")
-        f, ln, fn = mine[0]
-        if f == cell_file:
-            where = f"the cell, line {ln}"
-        elif _CELL_FILE.search(f):
-            where = f"{fn} (an earlier cell, line {ln})"
-        else:
-            where = f"{fn} ({os.path.basename(f)})"
-        return lines, where
+        return [f for f in frames[:cut] if not f[0].endswith(_TRACER_FILE)][:STACK_FRAMES], cell_file
     return [], ""
 
 
