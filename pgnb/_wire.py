@@ -156,6 +156,7 @@ class PanelArgs(TypedDict):
     port: int  # the kernel's DAP listener on 127.0.0.1
     cell_file: str  # the path ``dumpCell`` gives the cell's full text (the ``%%pg`` line included)
     line_offset: int  # lines of the cell above its body (the ``%%pg`` line)
+    token: str  # what the rank's pydevd answers ``pydevdAuthorize`` with: proof it is the rank, not some local process
 
 
 class DTensorFacts(TypedDict):

@@ -358,3 +358,33 @@ def test_a_long_stop_is_said_once(capsys):
     assert capsys.readouterr().err == (
         "pgnb: rank 1 stopped in the debugger for over 45 s: a rank waiting for a stopped one in a collective fails "
         "at the process group's timeout (60 s, %pg_init --timeout)\n")
+
+
+
+def test_a_process_that_is_not_a_rank_is_refused(panel):
+    """The bridge's listener is on loopback, where any local process may connect: one that cannot answer
+    pydevdAuthorize with the token the ranks got over ipyparallel is closed at once, and the panel goes on."""
+    import socket
+
+    port = int(stdout(panel.execute("print(get_ipython().kernel._pgnb_bridge.port)")).strip())
+    asked = []
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as intruder:
+        reader = intruder.makefile("rb")
+        while True:  # answer what the bridge asks as a pydevd would, with a wrong token
+            header = reader.readline()
+            if not header:
+                break  # closed by the bridge
+            length = int(header.split(b":")[1])
+            reader.readline()
+            request = json.loads(reader.read(length))
+            asked.append(request["command"])
+            body = {"clientAccessToken": "a guess"} if request["command"] == "pydevdAuthorize" else {}
+            reply = json.dumps({"seq": len(asked), "type": "response", "request_seq": request["seq"],
+                                "success": True, "command": request["command"], "body": body}).encode()
+            intruder.sendall(b"Content-Length: %d\r\n\r\n" % len(reply) + reply)
+    assert asked == ["initialize", "pydevdAuthorize"], asked  # never pydevdSystemInfo, attach or a breakpoint
+    path, running, stops = stop_both(panel, CELL, 3)  # the ranks still stop in the panel
+    panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+    ex = panel.finish(running)
+    clear(panel, path)
+    assert ex.status == "ok" and stdout(ex) == GROUPED, ex.text()

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import os
 import re
+import secrets
 import socket
 import sys
 import threading
@@ -126,6 +127,7 @@ class Bridge:
         self._lock = threading.RLock()
         self._listener: socket.socket | None = None
         self.port = 0
+        self._token = ""  # a rank's proof, new each time the panel is switched on
         self.links: dict[int, RankLink] = {}
         self._pids: dict[int, int] = {}  # pid -> rank, for the ranks of the running cell
         self._world: Dispatch | None = None
@@ -346,6 +348,7 @@ class Bridge:
             listener.bind(("127.0.0.1", 0))  # loopback only: a rank on another host is not reached
             listener.listen(64)
             self._listener, self.port, self.on = listener, listener.getsockname()[1], True
+            self._token = secrets.token_hex(16)  # reaches the ranks with their cell, over ipyparallel's signed messages
             self.shell.events.register("pre_run_cell", self._pre_run_cell)
         threading.Thread(target=self._accept, args=(listener,), name="pgnb-dap-accept", daemon=True).start()
 
@@ -385,6 +388,10 @@ class Bridge:
         try:
             link.call("initialize", {"adapterID": "pgnb", "clientID": "pgnb", "linesStartAt1": True,
                                      "columnsStartAt1": True, "pathFormat": "path"})
+            said = link.call("pydevdAuthorize", {"debugServerAccessToken": None})["body"].get("clientAccessToken")
+            if not isinstance(said, str) or not secrets.compare_digest(said, self._token):
+                link.close()  # anything on this machine may connect to a loopback port: only the ranks know the token
+                return
             info = link.call("pydevdSystemInfo")
             rank = self._pids.get(int(info["body"]["process"]["pid"]))
             if rank is None or not self.on:
@@ -489,7 +496,8 @@ class Bridge:
             for done in self.breakpoints.give_back(list(self.links.values())):
                 with contextlib.suppress(Exception):
                     done.result(ANSWER_WAIT)
-        return {"host": socket.gethostname(), "port": self.port, "cell_file": path, "line_offset": offset}
+        return {"host": socket.gethostname(), "port": self.port, "cell_file": path, "line_offset": offset,
+                "token": self._token}
 
     def stopped_seconds(self) -> float:
         with self._lock:

@@ -60,7 +60,8 @@ def connect(args: PanelArgs) -> str:
     try:
         pydevd.settrace(host="127.0.0.1", port=args["port"], protocol="dap", suspend=False,
                         trace_only_current_thread=False, patch_multiprocessing=False, notify_stdin=False,
-                        block_until_connected=True, wait_for_ready_to_run=False)
+                        block_until_connected=True, wait_for_ready_to_run=False,
+                        client_access_token=args["token"])
     except OSError as e:
         return f"the rank cannot reach the kernel's debugger ({e.strerror or e})"
     _STATE["port"] = args["port"]
