@@ -12,6 +12,8 @@ ratio of each row against its target, writes ``benchmarks/results/latest.json``
     python -m benchmarks --no-docs       # a full run that leaves docs/performance.md as it is
     python -m benchmarks --only torch_distributed,torch_continuous
                                          # only these cases and their rows; docs untouched
+    python -m benchmarks --only torch_distributed --sample 48
+                                         # 48 of DistributedTest's tests, both ways
 
 A full run replaces only what stands between docs/performance.md's ``<!-- bench:begin -->``
 and ``<!-- bench:end -->`` markers, and the README's few headline rows between its
@@ -480,11 +482,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="do not put the table into docs/performance.md (a --quick run never does)")
     parser.add_argument("--only", type=lambda text: text.split(","), default=None,
                         help=f"run only these cases, comma-separated ({', '.join(ONLY)}); docs untouched")
+    parser.add_argument("--sample", type=int, default=None, metavar="N",
+                        help="torch's DistributedTest suite: N tests spread over it, both ways (its 285 tests "
+                             "under torch's spawning take 30-40 min on 2 cores)")
     args = parser.parse_args(argv)
     if args.only is not None and not set(args.only) <= set(ONLY):
         parser.error(f"--only takes {', '.join(ONLY)}, not {', '.join(sorted(set(args.only) - set(ONLY)))}")
 
     p = plan(args.quick)
+    if args.sample is not None:
+        p["torch_distributed"]["sample"] = args.sample
     meta = machine(args.quick)
     t0 = time.perf_counter()
     loads = [os.getloadavg()[0]]
