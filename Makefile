@@ -93,7 +93,7 @@ matrix-venvs:
 
 # the slow set, then every notebook replayed twice in a row (make test replays most of them once)
 soak: test-venv user-venv
-	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py tests/test_busy.py tests/test_chaos.py tests/test_trace_under_load.py tests/test_slurm.py
+	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py tests/test_busy.py tests/test_chaos.py tests/test_trace_under_load.py tests/test_slurm.py tests/test_torch_suites.py
 	IPYTHONDIR=$$(mktemp -d) PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest -m notebooks --run-slow tests/test_notebooks.py
 
 # docs/reliability.md's table, from a run of the reliability and soak tests

@@ -279,6 +279,7 @@ def test_verdicts_on_warm_ranks(pytester: pytest.Pytester) -> None:
             "(skip_return_code_checks)") in out, out
 
 
+@pytest.mark.slow  # torch's own spawning of the suite (~50 s on a worker): make soak; make test runs the warm half
 def test_same_verdicts_as_torch_spawning(pytester: pytest.Pytester) -> None:
     spawned, torch_own = _run_suite(pytester, "spawn")
     assert torch_own == EXPECTED, spawned.stdout.str()
