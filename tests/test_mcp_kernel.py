@@ -91,9 +91,9 @@ def test_tools_on_a_hanging_cell(kernel: Kernel) -> None:
     pending = kernel.pending(kernel.kc.execute(HANGING))
     t0 = time.monotonic()
     stacks = None
-    while time.monotonic() - t0 < HANG - 3:  # until rank 1 is seen waiting in the collective
-        (stacks,) = call(url, token, ("pg_stacks", {}))
-        if "all_reduce" in stacks.content[0].text:
+    while time.monotonic() - t0 < HANG - 3:  # until rank 1 is seen in the collective and rank 0 in its sleep
+        (stacks,) = call(url, token, ("pg_stacks", {}))  # (at 0.1 s rank 0 may not have reached its cell's code)
+        if "all_reduce" in stacks.content[0].text and "time.sleep" in stacks.content[0].text:
             break
         time.sleep(0.3)
     assert stacks is not None and not stacks.is_error
