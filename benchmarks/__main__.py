@@ -123,7 +123,7 @@ def harness_samples(p: dict[str, Any], only: list[str], sample: Any) -> None:
         log("torch's DistributedTest suite (gloo, world 2): torch's spawning, then pytest --pgnb-torch")
         sample("torch_distributed", "torch_distributed", **p["torch_distributed"])
     if "torch_continuous" in only:
-        log("MultiProcContinuousTest classes (worlds 2 and 4): torch's continuous harness, then pytest --pgnb-torch")
+        log("MultiProcContinuousTest classes (worlds 1, 2 and 4): torch's continuous harness, then pytest --pgnb-torch")
         sample("torch_continuous", "torch_continuous", **p["torch_continuous"])
 
 
@@ -251,7 +251,7 @@ def harness_rows(raw: dict[str, Any], row: Any) -> None:
     if raw.get("torch_continuous"):
         tc = raw["torch_continuous"][0]
         same = "the same verdicts" if tc["same_verdicts"] else f"verdicts differ: {', '.join(tc['differ'])}"
-        row(f"{tc['classes']} `MultiProcContinuousTest` classes, {tc['tests']} tests (worlds 2 and 4), "
+        row(f"{tc['classes']} `MultiProcContinuousTest` classes, {tc['tests']} tests (worlds 1, 2 and 4), "
             "`pytest --pgnb-torch` vs torch's continuous harness", tc["pgnb"]["wall"], tc["spawn"]["wall"], "s",
             "≤ 0.33× (3× less), same verdicts", tc["ratio"] <= 1 / 3 and tc["same_verdicts"],
             note=f"whole pytest runs; {tc['passed']} passed, {tc['skipped']} skipped, {tc['failed']} failed, {same}")

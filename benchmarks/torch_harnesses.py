@@ -6,7 +6,8 @@
   ``pytest --pgnb-torch``. torch's side takes ~5-20 s a test on 2 cores, so ``sample=N``
   runs both sides on every k-th test only (N of them; 0: all).
 - ``torch_continuous``: benchmarks/torch_continuous, ``MultiProcContinuousTest`` classes at
-  worlds 2 and 4 (torch's own test_common_rules.py, classes of ours on DTensorContinuousTestBase,
+  worlds 1, 2 and 4 (torch's own test_common_rules.py, test_init.py and test_experimental_ops.py,
+  classes of ours on DTensorContinuousTestBase,
   and 20 trivial tests in one class), under torch's continuous harness (a world per class)
   and under ``pytest --pgnb-torch``.
 
