@@ -59,16 +59,21 @@ def set_up(run: TorchClassRun, ranks: dict[int, int]) -> TestReply:
             cls.rank, cls.world_size = rank, run["world_size"]
             cls._init_pg(rank, run["world_size"], run["rdvz_file"])
         except SystemExit as e:
-            reason = _skip_reason(e.code)
-            if reason is None:
-                _failed(reply, e)
-            else:
-                reply.update({"outcome": "skipped", "reason": reason})
+            _exited(reply, e)
         except BaseException as e:  # noqa: BLE001 - the class's set-up failed: every test says so
             _failed(reply, e)
     reply["fd_output"], reply["seconds"] = output[0], time.time() - t0
     reply["clean"] = reply["outcome"] != "failed"
     return reply
+
+
+def _exited(reply: TestReply, e: SystemExit) -> None:
+    """A ``SystemExit`` from torch's harness: a ``TEST_SKIPS`` code is a skip with torch's reason, else a failure."""
+    reason = _skip_reason(e.code)
+    if reason is None:
+        _failed(reply, e)
+    else:
+        reply.update({"outcome": "skipped", "reason": reason})
 
 
 def run_test(test_id: str, rank: int) -> TestReply:
@@ -86,11 +91,7 @@ def run_test(test_id: str, rank: int) -> TestReply:
         try:
             cls._run_test_given_id(test_id)
         except SystemExit as e:
-            reason = _skip_reason(e.code)
-            if reason is None:
-                _failed(reply, e)
-            else:
-                reply.update({"outcome": "skipped", "reason": reason})
+            _exited(reply, e)
         except BaseException as e:  # noqa: BLE001 - reported, rank by rank
             _failed(reply, e)
         if reply["outcome"] == "failed":
