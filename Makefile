@@ -82,7 +82,7 @@ test: test-venv
 	$(STAGE) $(PARALLEL) -m "integration and not notebooks and not browser" $(NO_TESTS_OK)
 	$(STAGE) $(PARALLEL) -m "notebooks or browser" $(NO_TESTS_OK)
 
-# The support matrix (docs/supported_versions.md): pgnb's oldest and newest allowed versions, a venv each
+# The support matrix (docs/supported_versions.md): pgnb's oldest and newest allowed versions, Python 3.10-3.13, a venv each
 # (.venv-matrix-*), each running a quick part of the suite; the columns and tests are in tests/support_matrix.py.
 # Only the standard library runs it, so CI builds the venvs in the background while lint and make test run.
 matrix:

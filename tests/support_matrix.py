@@ -49,8 +49,10 @@ COLUMNS = {
     "oldest": Column("the oldest release of every requirement that pyproject.toml allows, on its oldest Python",
                      "3.10", ("torch==2.12.0", "ipyparallel==9.0.0", "ipython==8.12.0", "ipykernel==6.29.0",
                               "ipywidgets==8.1.0", "psutil==5.9.0", "numpy==1.26.0", "matplotlib==3.8.0")),
-    # torch from the index is a CUDA build, used on the CPU (on this machine pip caps it at the newest on disk)
-    "newest": Column("the newest releases the package index serves", "3.11", ()),
+    # torch from the index is a CUDA build, used on the CPU; 3.11, between them, is the main suite's (make test)
+    "py3.12": Column("the newest releases the package index serves, on Python 3.12", "3.12", ()),
+    # the newest Python this image has (pyenv's)
+    "newest": Column("the newest releases the package index serves, on the newest Python here", "3.13", ()),
 }
 #: What every column runs: one of each kind of thing pgnb does, chosen to be quick.
 TESTS = (

@@ -18,6 +18,7 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
+from support_matrix import COLUMNS
 from test_user_install import REQUIRE_VAR, installed, user_env, user_python
 
 import pgnb
@@ -67,9 +68,10 @@ def test_wheel_metadata(wheel):
     assert meta["Requires-Python"] == ">=3.10", meta["Requires-Python"]
     classifiers = set(meta.get_all("Classifier") or [])
     assert FRAMEWORKS <= classifiers, f"missing classifiers: {sorted(FRAMEWORKS - classifiers)}"
-    # the Pythons the support matrix runs (docs/supported_versions.md), and no other
+    # the Pythons the support matrix's columns and this suite run on (docs/supported_versions.md), and no other
     pythons = {c for c in classifiers if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
-    assert pythons == {"Programming Language :: Python :: 3.10", "Programming Language :: Python :: 3.11"}, pythons
+    tested = {column.python for column in COLUMNS.values()} | {"{}.{}".format(*sys.version_info[:2])}
+    assert pythons == {f"Programming Language :: Python :: {v}" for v in tested}, pythons
     assert meta["Description-Content-Type"] == "text/markdown"
     # the licence the metadata names, with its text beside it
     assert meta["License-Expression"] == "BSD-3-Clause", meta["License-Expression"]
