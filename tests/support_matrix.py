@@ -54,6 +54,8 @@ COLUMNS = {
     # the newest Python this image has (pyenv's)
     "newest": Column("the newest releases the package index serves, on the newest Python here", "3.13", ()),
 }
+#: The Python the main suite (make test) runs on: the machine's python3, for which torch's CPU build lies on disk.
+MAIN_PYTHON = "3.11"
 #: What every column runs: one of each kind of thing pgnb does, chosen to be quick.
 TESTS = (
     "tests/test_private_names.py::test_private_name_is_where_pgnb_expects_it",

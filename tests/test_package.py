@@ -18,7 +18,7 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
-from support_matrix import COLUMNS
+from support_matrix import COLUMNS, MAIN_PYTHON
 from test_user_install import REQUIRE_VAR, installed, user_env, user_python
 
 import pgnb
@@ -70,7 +70,7 @@ def test_wheel_metadata(wheel):
     assert FRAMEWORKS <= classifiers, f"missing classifiers: {sorted(FRAMEWORKS - classifiers)}"
     # the Pythons the support matrix's columns and this suite run on (docs/supported_versions.md), and no other
     pythons = {c for c in classifiers if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
-    tested = {column.python for column in COLUMNS.values()} | {"{}.{}".format(*sys.version_info[:2])}
+    tested = {column.python for column in COLUMNS.values()} | {MAIN_PYTHON}
     assert pythons == {f"Programming Language :: Python :: {v}" for v in tested}, pythons
     assert meta["Description-Content-Type"] == "text/markdown"
     # the licence the metadata names, with its text beside it

@@ -12,6 +12,7 @@ from pgnb.core.report import status_table
 from pgnb.core.results import CellResult, RankOutput
 from pgnb.core.snapshot import Snapshot, fresh_rows
 from pgnb.core.text import SENTENCE_LIMIT, one_line, resized_text
+from pgnb.rank.children import failures_text
 from pgnb.rank.streams import format_warning, without_cell_files
 from pgnb.spec import WorldSpec
 
@@ -67,6 +68,23 @@ def test_cell_files_in_anything_a_rank_writes_read_as_cell():
     text = 'File "/tmp/ipykernel_99/123.py", line 3, in <module>\n/var/tmp/ipykernel_7/45.py:9: UserWarning: x\n'
     assert without_cell_files(text) == 'File "Cell", line 3, in <module>\nCell, line 9: UserWarning: x\n'
     assert without_cell_files("ipykernel_ only") == "ipykernel_ only"
+
+
+def test_a_spawned_childs_coloured_traceback_reads_as_a_plain_one():
+    """Python 3.13 colours tracebacks under FORCE_COLOR, which ipykernel sets in the engines' environment."""
+    plain = ('Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n'
+             '  File "/usr/lib/python3.13/multiprocessing/spawn.py", line 132, in _main\n'
+             "    self = reduction.pickle.load(from_parent)\n"
+             "AttributeError: Can't get attribute 'demo_basic' on <module '__main__' (built-in)>\n")
+    coloured = ('Traceback (most recent call last):\n  File \x1b[35m"<string>"\x1b[0m, line \x1b[35m1\x1b[0m, '
+                'in \x1b[35m<module>\x1b[0m\n  File \x1b[35m"/usr/lib/python3.13/multiprocessing/spawn.py"\x1b[0m, '
+                "line \x1b[35m132\x1b[0m, in \x1b[35m_main\x1b[0m\n    self = reduction.pickle.load(from_parent)\n"
+                "\x1b[1;35mAttributeError\x1b[0m: \x1b[35mCan't get attribute 'demo_basic' on <module '__main__' "
+                "(built-in)>\x1b[0m\n")
+    text = failures_text(plain)
+    assert text.startswith("a process spawned by the cell failed:\nTraceback (most recent call last):\n"), text
+    assert "  spawn.py, in _main\n" in text and "hint: 'demo_basic' was defined in a cell" in text, text
+    assert failures_text(coloured) == text
 
 
 def test_a_resized_world_says_so_under_its_table():

@@ -23,6 +23,8 @@ from typing import Any
 _STATE: dict[str, Any] = {}
 _FRAME = re.compile(r'^  File "(?P<file>[^"]*)", line \d+, in (?P<func>.*)$')
 _MAIN_MISSING = re.compile(r"Can't get attribute '(?P<name>[^']+)' on <module '__main__'")
+#: Python 3.13+ colours a traceback when FORCE_COLOR is set, and ipykernel sets it in the engine's environment
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def children_file(stack_dir: str, pid: int) -> str:
@@ -80,7 +82,7 @@ def failures_text(stderr: str, shorten: Callable[[str], str] = os.path.basename)
     ``shorten(file), in function`` (``pgnb.rank.cell.short_path``: as pgnb shows tracebacks)."""
     blocks: list[list[str]] = []
     current: list[str] | None = None
-    for line in stderr.splitlines():
+    for line in _COLOUR.sub("", stderr).splitlines():
         if line.startswith("Traceback (most recent call last):"):
             current = [line]
             continue
