@@ -39,6 +39,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def inet_sockets(pid):
+    """psutil's ``net_connections("inet")`` of the process (``connections`` before psutil 6, the floor's 5.9)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    return (proc.net_connections if hasattr(proc, "net_connections") else proc.connections)(kind="inet")
+
+
 def alive(pids):
     """The pids still running (zombies count as gone)."""
     from pgnb.procs.processes import process_running

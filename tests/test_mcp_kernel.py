@@ -20,6 +20,7 @@ import anyio
 import httpx2
 import psutil
 import pytest
+from conftest import inet_sockets
 from kernel_util import Kernel
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -76,7 +77,7 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
 def test_tools_on_a_hanging_cell(kernel: Kernel) -> None:
     url, token = serve(kernel)
     port = int(url.rsplit(":", 1)[1].split("/")[0])
-    bound = {c.laddr.ip for c in psutil.Process(kernel.pid).net_connections("inet")
+    bound = {c.laddr.ip for c in inet_sockets(kernel.pid)
              if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
     assert bound == {"127.0.0.1"}, bound
     # no token, or a wrong one: refused before the SDK sees the request

@@ -28,7 +28,7 @@ from unittest import mock
 
 import psutil
 import pytest
-from conftest import alive, pg, start_world, timed, wait_gone
+from conftest import alive, inet_sockets, pg, start_world, timed, wait_gone
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
@@ -113,7 +113,7 @@ def listening(pids):
     out = []
     for pid in pids:
         try:
-            conns = psutil.Process(pid).net_connections(kind="inet")
+            conns = inet_sockets(pid)
         except psutil.NoSuchProcess:
             continue
         for c in conns:

@@ -261,10 +261,21 @@ def test_an_exception_stops_only_when_the_panel_asks(panel):
         top = panel.frames(RANK_THREAD)[0]
         assert (top["line"], top["name"]) == (2, "rank 0: <module>")
         panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
-        # then the kernel's own debugger stops where the cell raises the ranks' error (ipykernel's "raised")
-        stop = panel.event("stopped", running=running)
-        assert stop["body"]["threadId"] < RANK_THREAD and stop["body"]["text"] == "UsageError"
-        panel.request("continue", {"threadId": stop["body"]["threadId"]}, running=running)
+        # then the kernel's own debugger stops where the cell raises the ranks' error (ipykernel's "raised"):
+        # once, or with ipykernel 6.29 (pgnb installed editable) again in each frame of pgnb's magic it leaves;
+        # never in a thread of pgnb's bridge, and never a rank again
+        kernel_stops, deadline = 0, time.monotonic() + 60
+        while not running.idle and time.monotonic() < deadline:
+            stop = next((e for e in panel.events if e.get("event") == "stopped"), None)
+            if stop is None:
+                panel.pump(0.1, running)
+                continue
+            panel.events.remove(stop)
+            assert stop["body"]["threadId"] < RANK_THREAD and stop["body"]["text"] == "UsageError", stop
+            kernel_stops += 1
+            assert kernel_stops <= 3, stop
+            panel.request("continue", {"threadId": stop["body"]["threadId"]}, running=running)
+        assert kernel_stops >= 1
         ex = panel.finish(running)
         assert ex.status == "error" and "ZeroDivisionError" in ex.error["stderr"]
         # "uncaught": the cell's own exception (IPython catches it on the engine, after the cell's code)

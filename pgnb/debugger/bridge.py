@@ -43,7 +43,7 @@ from ..core.text import ranks_text
 from .blocked import blocked_frames, blocked_view
 from .breakpoints import Breakpoints
 from .ids import Ids, rank_thread, thread_rank
-from .link import ANSWER_WAIT, Message, RankLink
+from .link import ANSWER_WAIT, Message, RankLink, bridge_thread
 
 #: What the ranks' pydevd is told at attach: only the thread that stops is suspended (a rank's other threads,
 #: pgnb's stack thread among them, keep running); no child process is debugged; just my code (IPython runs
@@ -350,7 +350,7 @@ class Bridge:
             self._listener, self.port, self.on = listener, listener.getsockname()[1], True
             self._token = secrets.token_hex(16)  # reaches the ranks with their cell, over ipyparallel's signed messages
             self.shell.events.register("pre_run_cell", self._pre_run_cell)
-        threading.Thread(target=self._accept, args=(listener,), name="pgnb-dap-accept", daemon=True).start()
+        bridge_thread(self._accept, (listener,), "pgnb-dap-accept").start()
 
     def stop(self) -> None:
         """The panel was switched off: stopped ranks run on, every rank's session ends, the listener closes."""
@@ -380,7 +380,7 @@ class Bridge:
                 sock, _ = listener.accept()
             except OSError:
                 return  # closed: the debugger is off
-            threading.Thread(target=self._configure, args=(sock,), name="pgnb-dap-configure", daemon=True).start()
+            bridge_thread(self._configure, (sock,), "pgnb-dap-configure").start()
 
     def _configure(self, sock: socket.socket) -> None:
         """A rank's pydevd connected: learn which rank, then give it the panel's breakpoints, then let it run."""
@@ -445,9 +445,11 @@ class Bridge:
                 self._stop_since = None
         self._publish("continued", {"threadId": rank_thread(rank), "allThreadsContinued": False})
         if self.stopped:
-            timer = threading.Timer(REANNOUNCE_AFTER, self._reannounce)
-            timer.daemon = True
-            timer.start()
+            bridge_thread(self._reannounce_later, name="pgnb-dap-reannounce").start()
+
+    def _reannounce_later(self) -> None:
+        time.sleep(REANNOUNCE_AFTER)
+        self._reannounce()
 
     def _ran_on_all(self) -> None:
         for rank in list(self.stopped):

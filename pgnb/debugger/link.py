@@ -43,6 +43,15 @@ def unframe(buffer: bytes) -> tuple[list[Message], bytes]:
         buffer = rest[size:]
 
 
+def bridge_thread(target: Callable[..., None], args: tuple[Any, ...] = (), name: str = "") -> threading.Thread:
+    """A daemon thread of the bridge that the kernel's own debugger neither lists nor stops in: pydevd skips a
+    thread marked as one of its own (ipykernel 6.29's "raised" filter otherwise stopped in the link's reader)."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.pydev_do_not_trace = True  # type: ignore[attr-defined]
+    thread.is_pydev_daemon_thread = True  # type: ignore[attr-defined]
+    return thread
+
+
 class RankLink:
     """The kernel's end of one rank's pydevd connection."""
 
@@ -56,7 +65,7 @@ class RankLink:
         self._lock = threading.Lock()
         self._waiting: dict[int, Future[Message]] = {}
         self.closed = False
-        self._reader = threading.Thread(target=self._read, name="pgnb-dap-link", daemon=True)
+        self._reader = bridge_thread(self._read, name="pgnb-dap-link")
         self._reader.start()
 
     def send(self, command: str, arguments: dict[str, Any] | None = None) -> Future[Message]:
