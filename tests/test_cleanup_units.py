@@ -63,6 +63,33 @@ def test_watcher_reports_each_death_once_with_its_cause():
     assert {t for t in __import__("threading").enumerate() if t.name == "pgnb-liveness"} <= before
 
 
+def test_a_look_returns_after_a_death_the_thread_is_reporting_is_told():
+    """A magic's look before it sends work must not pass a death the watcher's thread has taken but not yet told
+    (ipyparallel 9.0's schedulers outlive their controller a moment, so a cell sent then would still run)."""
+    import threading
+
+    proc = subprocess.Popen(["sleep", "60"])
+    telling, told = threading.Event(), []
+
+    def slow_to_tell(pid, cause, status):
+        telling.set()
+        time.sleep(0.5)  # the views drawing the death, on a loaded machine
+        told.append(pid)
+
+    w = Watcher(slow_to_tell, period=0.02)
+    try:
+        w.watch({proc.pid: start_time(psutil.Process(proc.pid))})
+        proc.kill()
+        proc.wait()
+        assert telling.wait(5)
+        w.look()
+        assert told == [proc.pid]
+    finally:
+        w.stop()
+        proc.kill()
+        proc.wait()
+
+
 def test_a_stepped_system_clock_kills_no_watched_process(monkeypatch):
     """psutil's create_time() moves with the boot time the kernel reports, which moves when the clock is
     stepped (41 s once on a VM here: every pgnb world on it saw its controller 'die'); start_time does not."""

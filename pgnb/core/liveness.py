@@ -130,6 +130,9 @@ class Watcher:
             procs = {pid: v for pid, v in self._procs.items() if max_priority is None or v[1] <= max_priority}
             ended = self._handles.ended({pid: started for pid, (started, _) in procs.items()})
         self._report([(procs[pid][1], pid) for pid in ended])
+        if threading.current_thread() is not self._thread:
+            with self._reporting:  # a death the thread took off the watch but has not told yet is told first
+                pass
 
     def _run(self) -> None:
         while not self._stop.wait(self._period):
