@@ -280,7 +280,9 @@ def test_fault_stale_state_after_unclean_death(whole, ip, tmp_path):
                              text=True, env=os.environ.copy())
     try:
         info = json.loads(owner.stdout.readline())
-        os.kill(info["reaper"], signal.SIGKILL)  # the reaper first, or it would clean up after its owner
+        # the owner frozen first: on a busy machine it could see its reaper die and start a new one in between
+        os.kill(owner.pid, signal.SIGSTOP)
+        os.kill(info["reaper"], signal.SIGKILL)  # the reaper before its owner, or it would clean up after it
     finally:
         owner.kill()
         owner.wait()
