@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 from .._wire import InitPlan
 from ..spec import DEBUG_LEVELS, WorldSpec
+from .torchrun_env import torchrun_env
 
 #: The file:// store's name in pgnb's store directory.
 STORE_FILE = "store"
@@ -89,9 +90,12 @@ def plans(
     master_addr: str,
     port: int,
     store_dir: str | None,
+    run_id: str,
 ) -> list[InitPlan]:
-    """One ``pgnb.rank.engine.init_rank`` plan per rank, in rank order."""
+    """One ``pgnb.rank.engine.init_rank`` plan per rank, in rank order; ``run_id`` names this world's
+    run as torchrun's ``TORCHELASTIC_RUN_ID`` does."""
     url = init_url(spec, master_addr, port, store_dir)
+    hosts = [e.host for e in ordered]
     uses_store_socket = spec.scheme in ("env", "tcp")
     delays = dict(spec.delay_ranks)
     out = []
@@ -103,6 +107,7 @@ def plans(
             "WORLD_SIZE": str(spec.world),
             "LOCAL_RANK": str(local_rank),
             "TORCH_DISTRIBUTED_DEBUG": DEBUG_LEVELS[spec.debug],
+            **torchrun_env(hosts, rank, run_id, spec.threads_per_rank),
         }
         if engine.iface:
             # gloo binds to the hostname's address unless told; keep it on the route we know works

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -113,7 +114,8 @@ class Rendezvous:
         if spec.scheme == "file" and spec.init_url is None:
             store_dir = new_store()
         self.results = [self._client[e.engine_id].apply_async(engine.init_rank, p)
-                        for e, p in zip(self._ranks, plans(spec, self._ranks, master_addr, port, store_dir),
+                        for e, p in zip(self._ranks, plans(spec, self._ranks, master_addr, port, store_dir,
+                                                           uuid.uuid4().hex),
                                         strict=True)]
 
     def run(self, rows: list[RankStatus], publish: Publish, recover: Recover) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from typing import Any, cast
 
@@ -82,12 +83,25 @@ def warm_up() -> str:
     import torch.distributed  # noqa: F401
 
     text_progress_bars()
+    no_prompts()
     import warnings
 
     from .streams import format_warning
 
     warnings.formatwarning = format_warning  # a warning says where as a traceback does, the same every run
     return str(torch.__version__)
+
+
+def no_prompts() -> None:
+    """Take IPython's ``sys.ps1``, ``ps2`` and ``ps3`` away on this rank, as a torchrun worker has none.
+
+    IPython sets them "so that scripts can decide if they are running interactively", and Lightning
+    does (``_IS_INTERACTIVE``): it then refuses ``strategy="ddp"``, whose processes the ranks already
+    are, and advises forking more inside each rank. Nothing on a rank needs them: an engine never prompts.
+    """
+    for name in ("ps1", "ps2", "ps3"):
+        if hasattr(sys, name):
+            delattr(sys, name)
 
 
 def text_progress_bars() -> None:
