@@ -58,6 +58,16 @@ class Breakpoints:
         self.filters = list(filters)
         await _settle([link.send("setExceptionBreakpoints", {"filters": self.rank_filters()}) for link in links])
 
+    def adopt(self, found: dict[str, list[dict[str, Any]]], links: Iterable[RankLink]) -> None:
+        """Breakpoints the kernel's own debugger was given for ``%%pg`` cells before the bridge was there
+        (``catch_up``): kept (unless Lab has set the cell's since), and every connected rank gets them."""
+        for path, wanted in found.items():
+            if not wanted:
+                continue
+            wanted = self.by_path.setdefault(path, wanted)
+            for link in list(links):
+                link.send("setBreakpoints", {"source": {"path": path}, "breakpoints": wanted})
+
     def give(self, link: RankLink) -> None:
         """A rank that just connected gets them all (before ``configurationDone`` lets it run)."""
         for path, wanted in list(self.by_path.items()):

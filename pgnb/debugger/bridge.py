@@ -42,6 +42,7 @@ from ..core.remote import is_local
 from ..core.text import ranks_text
 from .blocked import blocked_frames, blocked_view
 from .breakpoints import Breakpoints
+from .catch_up import CatchUp, kernel_debugger_on
 from .ids import Ids, rank_thread, thread_rank
 from .link import ANSWER_WAIT, Message, RankLink, bridge_thread
 
@@ -135,6 +136,7 @@ class Bridge:
         self._cell_file = ""
         self._raw_cell = ""
         self.breakpoints = Breakpoints()
+        self._catch_up = CatchUp()
         self.ids = Ids()
         self.stopped: dict[int, dict[str, Any]] = {}  # rank -> the body of its stopped event (its own thread id)
         self.shown: int | None = None  # the rank whose frame Lab showed last
@@ -144,12 +146,23 @@ class Bridge:
         self._warned = False
         self._resumed = threading.Condition()  # a rank's pydevd said it runs again (``continued``)
         self._running: set[int] = set()
+        if getattr(shell, "events", None) is not None:  # (a cell run before the debugger is on may meet it)
+            shell.events.register("pre_run_cell", self._pre_run_cell)
+        self.catch_up()
+
+    def catch_up(self) -> None:
+        """What Lab told the kernel's debugger before this bridge was there (``catch_up``): on if it is on, and
+        the breakpoints of ``%%pg`` cells the ranks'."""
+        if not self.on and kernel_debugger_on(self.kernel):
+            self.start()
+        self.breakpoints.adopt(self._catch_up.take(self.kernel, self.breakpoints.is_pg_cell), self.links.values())
 
     # ---- Lab's requests ------------------------------------------------------------------------------------
     async def handle(self, request: Message) -> Message:
         """``do_debug_request``: a rank's request to the rank, the rest to ipykernel (merged where both say)."""
         command = request.get("command", "")
         args = request.get("arguments") or {}
+        await self._catch_up.release(self.kernel, self._ipykernel)  # (what catch_up took, before anything else)
         if command == "initialize":
             answer: Message = await self._ipykernel(request)
             if answer.get("success"):
@@ -349,7 +362,6 @@ class Bridge:
             listener.listen(64)
             self._listener, self.port, self.on = listener, listener.getsockname()[1], True
             self._token = secrets.token_hex(16)  # reaches the ranks with their cell, over ipyparallel's signed messages
-            self.shell.events.register("pre_run_cell", self._pre_run_cell)
         bridge_thread(self._accept, (listener,), "pgnb-dap-accept").start()
 
     def stop(self) -> None:
@@ -360,8 +372,6 @@ class Bridge:
             self.on = False
             listener, self._listener = self._listener, None
             links, self.links = list(self.links.values()), {}
-            with contextlib.suppress(ValueError):
-                self.shell.events.unregister("pre_run_cell", self._pre_run_cell)
         for link in links:
             with contextlib.suppress(Exception):
                 link.call("disconnect", {"restart": False, "terminateDebuggee": False}, timeout=2.0)
@@ -479,11 +489,13 @@ class Bridge:
 
     # ---- a %%pg cell (``pgnb.core.cells.Panel``) -----------------------------------------------------------
     def cell_args(self, world: Dispatch, code: str, ranks: list[int]) -> PanelArgs | None:
+        self.catch_up()
         if not self.on:
             return None
         raw = self._raw_cell
         offset = cell_offset(raw) if raw.lstrip().startswith("%%pg") else 0
         path = cell_file(raw if offset else code)
+        self._catch_up.tell(path, raw if offset else code, offset, self.breakpoints.by_path.get(path, []))
         if not os.path.exists(path):  # dumpCell writes it when Lab asks; a cell run before that needs it too
             with contextlib.suppress(OSError):
                 os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -545,11 +557,6 @@ class Bridge:
         time.sleep(RESUME_WAIT / 10 if waking else 0)
 
     def cell_done(self) -> None:
-        with self._lock:
-            self._ran_on_all_quietly()
-
-    def _ran_on_all_quietly(self) -> None:
         """The cell ended: no rank of it is stopped any more (a rank that ended while stopped was released)."""
-        if self.stopped:
-            for rank in list(self.stopped):
-                self._ran_on(rank)
+        with self._lock:
+            self._ran_on_all()
