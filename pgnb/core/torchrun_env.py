@@ -15,6 +15,8 @@ import os
 
 #: torchrun's default ``--role``.
 ROLE_NAME = "default"
+#: torchrun's default ``--signals-to-handle``.
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
 def torchrun_env(hosts: list[str], rank: int, run_id: str, threads: int) -> dict[str, str]:
@@ -22,7 +24,8 @@ def torchrun_env(hosts: list[str], rank: int, run_id: str, threads: int) -> dict
 
     Beside ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``, which the
     rendezvous plan sets. ``TORCHELASTIC_USE_AGENT_STORE`` is ``False``: no agent holds a store, rank 0
-    serves it (as torchrun's workers do with a static rendezvous)."""
+    serves it (as torchrun's workers do with a static rendezvous). ``TORCHELASTIC_ERROR_FILE`` is not set:
+    a rank's error reaches the notebook as its traceback, and torch's ``@record`` needs no file for that."""
     nodes = list(dict.fromkeys(hosts))  # in order of first rank
     host = hosts[rank]
     return {
@@ -36,6 +39,7 @@ def torchrun_env(hosts: list[str], rank: int, run_id: str, threads: int) -> dict
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": SIGNALS_TO_HANDLE,
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         # torchrun keeps the caller's value, else sets 1 per worker; pgnb's is its --threads
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads)),

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from .._wire import EngineFacts, InitPlan, RankReport
 from . import rendezvous as rank_rendezvous
+from .library_state import forget_world
 from .rendezvous import reset_group_counter
 
 _STATE: dict[str, Any] = {}
@@ -170,6 +171,7 @@ def init_rank(plan: InitPlan) -> RankReport:
     dist.set_debug_level_from_env()
     if dist.is_initialized():
         dist.destroy_process_group()
+    forget_world()
     reset_group_counter(dist)
 
     kwargs: dict[str, Any] = {
@@ -272,6 +274,7 @@ def destroy(clear: bool = False) -> bool:
     if dist is not None and dist.is_initialized():
         dist.destroy_process_group()
         destroyed = True
+    forget_world()
     close_store_socket()
     rank_rendezvous.new_round()  # the inits of later cells are in step on every rank again
     return destroyed
