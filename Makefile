@@ -5,8 +5,9 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
-# A user's install (`pip install .`, no extras) plus only nbval and pytest to drive it: `make test`
-# replays the notebooks and runs a traced cell there (tests/test_user_install.py, tests/test_notebooks.py).
+# A user's install (`pip install .`, no extras) plus only nbval and pytest to drive it, and the training
+# libraries lesson 15 names (notebooks/requirements.txt): `make test` replays the notebooks and runs a traced cell there
+# (tests/test_user_install.py, tests/test_notebooks.py).
 USER_VENV ?= .venv-user
 USER_PY := $(USER_VENV)/bin/python
 USER_PIP := $(USER_PY) -m pip --disable-pip-version-check -q
@@ -62,7 +63,7 @@ user-venv: $(USER_PY)
 	rm -f dist/pgnb-*.whl
 	$(USER_PIP) wheel --no-deps -w dist .
 	$(USER_PIP) install dist/pgnb-*.whl
-	$(USER_PIP) install nbval pytest
+	$(USER_PIP) install nbval pytest -r notebooks/requirements.txt
 	$(USER_PIP) install --force-reinstall --no-deps dist/pgnb-*.whl
 
 # pytest in one stage; its exit status 5 (no test selected, e.g. PYTEST_ARGS picked another stage's file) is not a failure

@@ -36,6 +36,9 @@ DRIVERS = ("nbval", "pytest")
 #: What `python -m venv` puts into every venv.
 BOOTSTRAP = {"pip", "setuptools"}
 ROOT = Path(__file__).resolve().parent.parent
+#: what a lesson imports beside pgnb (lesson 15's training libraries), installed as a user would
+LESSON_LIBS = tuple(line.strip() for line in (ROOT / "notebooks" / "requirements.txt").read_text().splitlines()
+                    if line.strip() and not line.startswith("#"))
 
 
 def user_python() -> str | None:
@@ -104,12 +107,13 @@ def closure(dists: dict[str, Distribution], roots: tuple[str, ...]) -> set[str]:
 
 
 def test_user_venv_is_a_plain_install(user_py):
-    """pgnb (not editable), what it requires, nbval and pytest with theirs: nothing else, no extra of pgnb's."""
+    """pgnb (not editable), what it requires, nbval and pytest with theirs, and the libraries lesson 15 names
+    with theirs: nothing else, no other package of pgnb's extras."""
     dists = installed(user_py)
     assert "pgnb" in dists, f"pgnb is not installed in {user_py}"
     direct = json.loads(dists["pgnb"].read_text("direct_url.json") or "{}")
     assert not direct.get("dir_info", {}).get("editable"), "pgnb must be installed from a wheel, not editable"
-    needed = closure(dists, ("pgnb", *DRIVERS))
+    needed = closure(dists, ("pgnb", *DRIVERS, *LESSON_LIBS))
     assert needed <= set(dists), f"requirements not installed: {sorted(needed - set(dists))}"
     stray = set(dists) - needed - BOOTSTRAP
     assert not stray, f"not part of a plain install: {sorted(stray)}"
@@ -117,7 +121,7 @@ def test_user_venv_is_a_plain_install(user_py):
     extras_only = {_name(Requirement(line).name) for line in dists["pgnb"].requires or []
                    if not _wanted(Requirement(line), frozenset())} - needed
     assert {"hypothesis", "playwright", "jupyterlab", "nbclient", "pytest-timeout"} <= extras_only, extras_only
-    assert not extras_only & set(dists)
+    assert not (extras_only - set(LESSON_LIBS)) & set(dists)
     assert {"numpy", "matplotlib"} <= closure(dists, ("pgnb",)), "pgnb must declare what its features import"
 
 
