@@ -26,7 +26,7 @@ from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Literal
 
-Package = Literal["torch", "ipyparallel", "IPython", "ipykernel", "ipywidgets", "pytest", "pytest-cov"]
+Package = Literal["torch", "ipyparallel", "IPython", "ipykernel", "ipywidgets", "pytest", "pytest-cov", "accelerate"]
 
 #: where pgnb's supported versions are listed (the matrix that tests them)
 SUPPORTED = "docs/supported_versions.md"
@@ -186,6 +186,10 @@ NAMES: tuple[PrivateName, ...] = (
                 in_source=True),
     PrivateName("pytest-cov", "pytest_cov.plugin:CovPlugin._disabled", "testing", "testing/coverage.py",
                 "the ranks' lines are counted even where pytest-cov was switched off mid-run", in_source=True),
+    # ---- HF Accelerate (a user's library, touched only once a cell imported it): a world's end
+    PrivateName("accelerate", "accelerate.state:AcceleratorState._reset_state", "your stack",
+                "rank/library_state.py", "an Accelerator made after a re-init at another world size keeps the "
+                "old size (its gather fails)"),
 )
 
 

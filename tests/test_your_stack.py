@@ -41,7 +41,8 @@ TORCHRUN_VARS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
 RANK = int(os.environ["RANK"])
 print(RANK, "env:", json.dumps({k: os.environ[k] for k in TORCHRUN_VARS}, sort_keys=True))
 if BEFORE:  # torchrun's run: which variables the launcher added
-    print(RANK, "added:", json.dumps(sorted(k for k in os.environ if k not in BEFORE and k not in ("_", "PGNB_TEST_PARENT_ENV"))))
+    added = [k for k in os.environ if k not in BEFORE and k not in ("_", "PGNB_TEST_PARENT_ENV")]
+    print(RANK, "added:", json.dumps(sorted(added)))
 else:
     print(RANK, "present:", json.dumps(sorted(os.environ)))
 ''',

@@ -15,6 +15,8 @@ import sys
 def forget_world() -> None:
     """Drop the libraries' cached view of the world; the next ``Accelerator()`` reads the new one."""
     accelerate_state = sys.modules.get("accelerate.state")
-    if accelerate_state is not None:
-        # the reset accelerate's own tests use between worlds (a private name: the module is accelerate's)
-        accelerate_state.AcceleratorState._reset_state(reset_partial_state=True)
+    # the reset accelerate's own tests use between worlds (a private name, in pgnb/_private_names.py);
+    # a release without it leaves the old state, as before pgnb knew of it, rather than fail every init
+    reset = getattr(getattr(accelerate_state, "AcceleratorState", None), "_reset_state", None)
+    if reset is not None:
+        reset(reset_partial_state=True)
