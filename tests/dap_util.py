@@ -48,6 +48,22 @@ class Panel:
         assert self.request("attach", {})["success"]
         assert self.request("configurationDone")["success"]
 
+    def lab_start(self) -> None:
+        """The bug button on a kernel that has run nothing yet (a new kernel, or one just restarted): Lab asks what
+        the kernel's debugger holds (``restoreState``), then starts it, before any cell of "Run All" runs."""
+        assert self.request("debugInfo")["success"]
+        self.start()
+
+    def update_breakpoints(self, code: str, lines: list[int]) -> str:
+        """A click in the gutter of the cell ``code`` as Lab 4 sends it (``updateBreakpoints``); the cell's path."""
+        path = self.request("dumpCell", {"code": code})["body"]["sourcePath"]
+        assert self.request("debugInfo")["success"]
+        reply = self.request("setBreakpoints", {"source": {"path": path},
+                                                "breakpoints": [{"line": n} for n in lines]})
+        assert reply["success"], reply
+        assert self.request("configurationDone")["success"]
+        return str(path)
+
     def stop(self) -> dict[str, Any]:
         return self.request("disconnect", {"restart": False, "terminateDebuggee": False})
 

@@ -1,12 +1,16 @@
 """JupyterLab's Debugger panel on the ranks of ``%%pg`` cells, at the protocol Lab 4 speaks.
 
-One real kernel (jupyter_client) for the module, its debugger switched on before
-``%pg_init`` (the bug button first), one 2-rank gloo world: ``debug_request``s on
-the control channel, ``debug_event``s on iopub, cells on the shell channel.
+One real kernel (jupyter_client) for most of the module, its debugger switched on
+before ``%pg_init`` (the bug button first), one 2-rank gloo world: ``debug_request``s
+on the control channel, ``debug_event``s on iopub, cells on the shell channel. A
+second (``late``) has its debugger switched on before ``%load_ext pgnb``, as Lab
+does on every "Restart Kernel and Run All", and is restarted so.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -51,6 +55,16 @@ def stdout(ex) -> str:
     return "".join(o["text"] for o in ex.outputs if o.get("name") == "stdout")
 
 
+def stderr(ex) -> str:
+    return "".join(o["text"] for o in ex.outputs if o.get("name") == "stderr")
+
+
+def world_pids(kernel: Kernel) -> list[int]:
+    """The world's processes (controller, engines, ...) and the kernel's own pid."""
+    ex = kernel.execute("import json, pgnb\nprint(json.dumps(pgnb.current().pids if pgnb.current() else []))")
+    return [*json.loads(stdout(ex) or "[]"), kernel.pid]
+
+
 def rank_of(event: dict) -> int:
     return event["body"]["threadId"] - RANK_THREAD
 
@@ -60,14 +74,20 @@ def stop_both(panel: Panel, code: str, line: int):
     path = panel.request("dumpCell", {"code": code})["body"]["sourcePath"]
     reply = panel.request("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": line}]})
     assert [b["line"] for b in reply["body"]["breakpoints"]] == [line] and reply["body"]["breakpoints"][0]["verified"]
+    return (path, *run_to_stops(panel, code))
+
+
+def run_to_stops(panel: Panel, code: str, timeout: float = 30):
+    """Run ``code``, whose breakpoints are set; the cell and both ranks' stopped events, by rank (each on
+    the cell's line: never the kernel's own thread)."""
     panel.events.clear()  # what earlier cells' stops said
     running = panel.run(code)
     stops: dict[int, dict] = {}
     while len(stops) < 2:  # (the panel may be shown a rank again: one event per rank is enough)
-        e = panel.event("stopped", running=running)
+        e = panel.event("stopped", timeout=timeout, running=running)
         stops.setdefault(rank_of(e), e)
-    assert sorted(stops) == [0, 1]
-    return path, running, stops
+    assert sorted(stops) == [0, 1], stops
+    return running, stops
 
 
 def names_in(panel: Panel, ref: int) -> set[str]:
@@ -399,3 +419,102 @@ def test_a_process_that_is_not_a_rank_is_refused(panel):
     ex = panel.finish(running)
     clear(panel, path)
     assert ex.status == "ok" and stdout(ex) == GROUPED, ex.text()
+
+
+# ---- the bug button before %load_ext pgnb (issue 39): what Lab does on every "Restart Kernel and Run All" ----
+#: The %%pg line (line 1), where no rank can stop, and the cell's line 3.
+LATE_LINES = [1, 3]
+LATE_SAID = "pgnb: no rank can stop at this breakpoint of the cell: line 1 is the %%pg line\n"
+
+
+def lab_runs_all(panel: Panel, lines: list[int]) -> str:
+    """A kernel that has run nothing: Lab switches its debugger on and sets the gutter's breakpoints of CELL,
+    then "Run All" loads pgnb and makes a world of 2. The cell's path."""
+    panel.lab_start()
+    path = panel.update_breakpoints(CELL, lines)
+    for cell in ("%load_ext pgnb", "%pg_init --backend gloo --world 2"):
+        ex = panel.execute(cell, timeout=120)
+        assert ex.status == "ok", ex.text()
+    return path
+
+
+def continue_to_the_end(panel: Panel, running):
+    panel.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+    ex = panel.finish(running)
+    assert ex.status == "ok" and stdout(ex) == GROUPED, ex.text()
+    return ex
+
+
+@pytest.fixture(scope="module")
+def late():
+    """A kernel whose debugger is on before ``%load_ext pgnb``, with breakpoints on CELL set before it too, and
+    a world of 2; after the module nothing of it (or of the world before a restart) is left."""
+    k = Kernel()
+    p = Panel(k)
+    p.pids = []
+    try:
+        p.path = lab_runs_all(p, LATE_LINES)
+        yield p
+    finally:
+        p.pids += world_pids(k)
+        assert k.execute("%pg_shutdown").status == "ok"
+        p.stop()
+        k.shutdown()
+        assert wait_gone(p.pids, timeout=GONE_WITHIN) == [], f"left running: {alive(p.pids)}"
+
+
+def test_the_debugger_on_before_load_ext_stops_every_rank(late):
+    running, _ = run_to_stops(late, CELL)
+    for r in (0, 1):
+        top = late.frames(RANK_THREAD + r)[0]
+        assert (top["source"]["path"], top["line"]) == (late.path, 3)
+    ex = continue_to_the_end(late, running)
+    assert stderr(ex) == LATE_SAID  # the breakpoint on the %%pg line is not passed in silence
+    info = late.request("debugInfo")["body"]  # listed once, as the ranks' (no longer the kernel's debugpy's)
+    assert [b for b in info["breakpoints"] if b["source"] == late.path] == [
+        {"source": late.path, "breakpoints": [{"line": n} for n in LATE_LINES]}]
+    running, _ = run_to_stops(late, CELL)  # again: said once
+    assert stderr(continue_to_the_end(late, running)) == ""
+
+
+def test_the_debugger_off_and_on_again_after_a_late_load(late):
+    running, _ = run_to_stops(late, CELL)
+    assert late.stop()["success"]  # off while both ranks are stopped: they run on
+    ex = late.finish(running, timeout=30)
+    assert ex.status == "ok" and stdout(ex) == GROUPED, ex.text()
+    late.start()
+    late.update_breakpoints(CELL, [3])  # Lab gives the gutter's breakpoints to the debugger it switched on
+    running, _ = run_to_stops(late, CELL)
+    continue_to_the_end(late, running)
+
+
+def test_a_kernel_restarted_with_the_debugger_on_stops_every_rank(late):
+    """A restart with the bug button on, then "Run All": the fresh kernel gets Lab's start-up sequence before
+    any cell, then %load_ext pgnb, %pg_init and the %%pg cell with its breakpoint."""
+    late.pids += world_pids(late.kernel)  # (the world of the kernel before: its reaper ends it)
+    late.kernel.km.restart_kernel(now=False)
+    late.kc.wait_for_ready(timeout=60)
+    late.events.clear()
+    late.path = lab_runs_all(late, [3])
+    running, _ = run_to_stops(late, CELL)
+    assert late.frames(RANK_THREAD)[0]["line"] == 3
+    continue_to_the_end(late, running)
+    gone = late.pids[:]
+    assert wait_gone(gone, timeout=GONE_WITHIN) == [], f"left running after the restart: {alive(gone)}"
+
+
+def test_breakpoints_no_rank_can_stop_at_are_named():
+    """The lines of a %%pg cell no rank runs (the %%pg line, blank and comment lines, past the end), and each is
+    said once."""
+    from pgnb.debugger.catch_up import CatchUp, unreachable
+
+    raw = "\n%%pg --ranks 0\nx = 1\n\n  # a comment\ny = (1,\n     2)\n"
+    assert unreachable(raw, 2, [1, 2, 3, 4, 5, 6, 7, 9]) == {
+        1: "has no code", 2: "is the %%pg line", 4: "has no code", 5: "has no code", 9: "is past the cell's end"}
+    said = CatchUp()
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        said.tell("cell.py", raw, 2, [{"line": 2}, {"line": 3}, {"line": 4}])
+        said.tell("cell.py", raw, 2, [{"line": 2}, {"line": 4}])
+        said.tell("cell.py", raw, 2, [{"line": 3}])
+    assert err.getvalue() == ("pgnb: no rank can stop at these breakpoints of the cell: line 2 is the %%pg line; "
+                              "line 4 has no code\n")

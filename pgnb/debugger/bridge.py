@@ -151,18 +151,22 @@ class Bridge:
         self.catch_up()
 
     def catch_up(self) -> None:
-        """What Lab told the kernel's debugger before this bridge was there (``catch_up``): on if it is on, and
-        the breakpoints of ``%%pg`` cells the ranks'."""
+        """What Lab told the kernel's debugger before the bridge was there (``catch_up``), the bridge's now."""
         if not self.on and kernel_debugger_on(self.kernel):
             self.start()
         self.breakpoints.adopt(self._catch_up.take(self.kernel, self.breakpoints.is_pg_cell), self.links.values())
+        self._catch_up.schedule(self.kernel, self._ipykernel)
 
     # ---- Lab's requests ------------------------------------------------------------------------------------
     async def handle(self, request: Message) -> Message:
-        """``do_debug_request``: a rank's request to the rank, the rest to ipykernel (merged where both say)."""
+        """``do_debug_request``: one at a time with what ``catch_up`` gives back to the kernel's debugpy."""
+        async with self._catch_up.serial():
+            await self._catch_up.release(self.kernel, self._ipykernel)
+            return await self._handle(request)
+
+    async def _handle(self, request: Message) -> Message:  # a rank's request to the rank, the rest to ipykernel
         command = request.get("command", "")
         args = request.get("arguments") or {}
-        await self._catch_up.release(self.kernel, self._ipykernel)  # (what catch_up took, before anything else)
         if command == "initialize":
             answer: Message = await self._ipykernel(request)
             if answer.get("success"):

@@ -14,6 +14,7 @@ breakpoints no rank can stop at, rather than let a cell run past them silently.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -52,6 +53,25 @@ class CatchUp:
     def __init__(self) -> None:
         self.held: set[str] = set()  # cell files whose breakpoints the kernel's debugpy still has
         self._told: set[tuple[str, int]] = set()
+        self._serial: asyncio.Lock | None = None
+
+    def serial(self) -> asyncio.Lock:
+        """Held while a request goes to ipykernel's debugger, which takes its debugpy's next answer as the answer
+        to the request it sent last (created on the control channel's loop, where every debug request runs)."""
+        if self._serial is None:
+            self._serial = asyncio.Lock()
+        return self._serial
+
+    def schedule(self, kernel: Any, ipykernel: Callable[[Message], Awaitable[Message]]) -> None:
+        """``release`` now, on the control channel's loop, rather than at Lab's next request: a cell run before it
+        would stop the kernel on a ``%%pg`` line (with no control thread, the next request does it)."""
+        loop = getattr(getattr(kernel, "control_thread", None), "io_loop", None)
+        if self.held and loop is not None:
+            loop.add_callback(self._release_serially, kernel, ipykernel)
+
+    async def _release_serially(self, kernel: Any, ipykernel: Callable[[Message], Awaitable[Message]]) -> None:
+        async with self.serial():
+            await self.release(kernel, ipykernel)
 
     def take(self, kernel: Any, is_pg_cell: Callable[[str], bool]) -> dict[str, list[dict[str, Any]]]:
         """The breakpoints ipykernel keeps for ``%%pg`` cells, taken out of its list (``debugInfo`` then lists
