@@ -21,6 +21,7 @@ from conftest import GONE_WITHIN, alive, wait_gone
 from dap_util import Panel
 from kernel_util import Kernel
 
+import pgnb
 from pgnb.debugger.ids import RANK_THREAD
 
 pytestmark = [pytest.mark.integration, pytest.mark.kernel]
@@ -486,6 +487,35 @@ def test_the_debugger_off_and_on_again_after_a_late_load(late):
     late.update_breakpoints(CELL, [3])  # Lab gives the gutter's breakpoints to the debugger it switched on
     running, _ = run_to_stops(late, CELL)
     continue_to_the_end(late, running)
+
+
+def test_raised_exceptions_after_a_late_load_stop_in_no_library(late):
+    """The kernel's debugpy was attached before pgnb was there: it is told not to trace pgnb and the libraries it
+    drives a world with all the same (else "raised" stopped the kernel in ipyparallel's KeyErrors, four times)."""
+    late.request("setExceptionBreakpoints", {"filters": ["raised"]})
+    try:
+        running = late.run("%%pg\nx = 1 / rank\nprint(x)\n")
+        kernel_stops, deadline = [], time.monotonic() + 60
+        while not running.idle and time.monotonic() < deadline:
+            stop = next((e for e in late.events if e.get("event") == "stopped"), None)
+            if stop is None:
+                late.pump(0.1, running)
+                continue
+            late.events.remove(stop)
+            thread = stop["body"]["threadId"]
+            if thread >= RANK_THREAD:
+                assert rank_of(stop) == 0 and late.frames(thread)[0]["line"] == 2
+                late.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
+                continue
+            kernel_stops.append(late.frames(thread)[0]["source"].get("path", ""))
+            late.request("continue", {"threadId": thread}, running=running)
+        ex = late.finish(running)
+        assert ex.status == "error" and "ZeroDivisionError" in ex.error["stderr"]
+        pgnb_folder = os.path.dirname(pgnb.__file__)  # (an editable install's: not in site-packages)
+        assert 1 <= len(kernel_stops) <= 3 and not [p for p in kernel_stops if p.startswith(pgnb_folder) or
+                                                    "site-packages" in p], kernel_stops
+    finally:
+        late.request("setExceptionBreakpoints", {"filters": []})
 
 
 def test_a_kernel_restarted_with_the_debugger_on_stops_every_rank(late):

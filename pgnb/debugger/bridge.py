@@ -154,6 +154,7 @@ class Bridge:
         """What Lab told the kernel's debugger before the bridge was there (``catch_up``), the bridge's now."""
         if not self.on and kernel_debugger_on(self.kernel):
             self.start()
+            self._catch_up.hide = _hidden_folders()  # its attach came before ``_hide_the_bridge`` could
         self.breakpoints.adopt(self._catch_up.take(self.kernel, self.breakpoints.is_pg_cell), self.links.values())
         self._catch_up.schedule(self.kernel, self._ipykernel)
 

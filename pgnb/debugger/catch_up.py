@@ -8,13 +8,18 @@ their way. ipykernel's ``Debugger`` keeps what they said: ``is_started``, and
 ipykernel keeps their lines only). ``CatchUp`` takes from it what the bridge
 would have kept itself: the breakpoints of ``%%pg`` cells, which are the ranks'
 (then released in the kernel's debugpy, where they would stop the kernel on the
-``%%pg`` line). It also says, once and in one line, which of a cell's
-breakpoints no rank can stop at, rather than let a cell run past them silently.
+``%%pg`` line); and as the kernel's debugpy was attached without the bridge's
+rules, it is told not to trace pgnb and the libraries it drives a world with
+(pydevd's ``setDebuggerProperty``), or "raised exceptions" would stop the kernel
+in the exceptions they raise and catch while a cell runs. It also says, once and
+in one line, which of a cell's breakpoints no rank can stop at, rather than let a
+cell run past them silently.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -52,6 +57,7 @@ class CatchUp:
 
     def __init__(self) -> None:
         self.held: set[str] = set()  # cell files whose breakpoints the kernel's debugpy still has
+        self.hide: list[str] = []  # folders the kernel's debugpy is still to be told not to trace
         self._told: set[tuple[str, int]] = set()
         self._serial: asyncio.Lock | None = None
 
@@ -64,9 +70,9 @@ class CatchUp:
 
     def schedule(self, kernel: Any, ipykernel: Callable[[Message], Awaitable[Message]]) -> None:
         """``release`` now, on the control channel's loop, rather than at Lab's next request: a cell run before it
-        would stop the kernel on a ``%%pg`` line (with no control thread, the next request does it)."""
+        would stop the kernel on a ``%%pg`` line, or in pgnb (with no control thread, the next request does it)."""
         loop = getattr(getattr(kernel, "control_thread", None), "io_loop", None)
-        if self.held and loop is not None:
+        if (self.held or self.hide) and loop is not None:
             loop.add_callback(self._release_serially, kernel, ipykernel)
 
     async def _release_serially(self, kernel: Any, ipykernel: Callable[[Message], Awaitable[Message]]) -> None:
@@ -84,8 +90,13 @@ class CatchUp:
         return out
 
     async def release(self, kernel: Any, ipykernel: Callable[[Message], Awaitable[Message]]) -> None:
-        """The kernel's debugpy lets go of the breakpoints taken (from the control channel's loop, as each request
-        to ipykernel must be: it waits for its debugpy's answers one at a time)."""
+        """The kernel's debugpy stops tracing the folders to hide and lets go of the breakpoints taken (from the
+        control channel's loop, as each request to ipykernel must be: it waits for its debugpy's answers one at
+        a time)."""
+        hide, self.hide = self.hide, []
+        if hide and kernel_debugger_on(kernel):  # (a folder's own name is no prefix of its sibling's)
+            await ipykernel({"type": "request", "seq": 0, "command": "setDebuggerProperty", "arguments": {
+                "dontTraceStartPatterns": [os.path.join(f, "") for f in hide], "dontTraceEndPatterns": []}})
         while self.held:
             path = self.held.pop()
             if kernel_debugger_on(kernel):
