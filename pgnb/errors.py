@@ -23,6 +23,8 @@ from __future__ import annotations
 
 #: What every recovery hint points at.
 RECOVER_HINT = "run `%pg_init ... --force` (Sandbox.start(force=True)) to restart the engines"
+#: A lost or stuck rank's recovery where the options are not at hand (``pgnb.core.text.replace_text`` names them).
+REPLACE_HINT = "run the same %pg_init again (Sandbox.start()) to replace it in place; the other ranks keep their state"
 #: Said by every entry point that needs a world when there is none.
 NOT_STARTED = "no process group yet: run %pg_init first (e.g. %pg_init --backend gloo --world 2), or Sandbox.start()"
 

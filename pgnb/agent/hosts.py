@@ -24,7 +24,10 @@ from ..core.sandbox import Sandbox
 T = TypeVar("T")
 
 #: pgnb's notebook hint for a stuck world, in the messages of pgnb's errors
-_NOTEBOOK_RECOVER = re.compile(r"run `%pg_init[^`]*`(?: \(Sandbox\.start\(force=True\)\))? to restart the engines")
+_NOTEBOOK_RECOVER = re.compile(r"run `%pg_init[^`]*`(?: \(Sandbox\.start\(force=True\)\))? to restart the engines"
+                               r"|run `%pg_init[^`]*` to replace .+? in place \(the other ranks keep their state\)"
+                               r"|run the same %pg_init again \(Sandbox\.start\(\)\) to replace it in place; "
+                               r"the other ranks keep their state")
 
 
 class Host(Protocol):

@@ -183,7 +183,7 @@ def run_cell(world: Dispatch, code: str, options: CellOptions = DEFAULT_OPTIONS,
     for row in rows:
         if row.rank in lost:
             row.state, row.ename, row.evalue, row.traceback = "lost", ENGINE_DIED, lost[row.rank], []
-    result = CellResult(rows, world=world.spec.world, recover=init_command(world.spec), timeout=timeout,
+    result = CellResult(rows, world=world.spec.world, recover=init_command(world.spec, force=False), timeout=timeout,
                         interrupted=interrupted)
     if recording is not None:
         result.trace = recording.collect([r for r, ar in ars if not ar.ready()])

@@ -26,7 +26,7 @@ from .rendezvous_run import LOST_GRACE
 from .sending import send
 from .snapshot import Snapshot
 from .stacks import NO_CELL_CODE, dump_stacks
-from .text import lost_text, ranks_text
+from .text import lost_text, ranks_text, replace_text
 from .waiting import poll_until
 from .world import World
 
@@ -131,7 +131,8 @@ class Dispatcher:
             raise WorldBroken(f"{broken.cause}; {RECOVER_HINT}", chosen)
         lost = self.lost_ranks(chosen)
         if lost:
-            raise RankLost(lost_text(lost) + f"; {RECOVER_HINT}", sorted(lost))
+            raise RankLost(f"{lost_text(lost)}; {replace_text(init_command(self.spec, force=False), lost)}",
+                           sorted(lost))
         self.check_idle(chosen)
         return [(r, infos[r].engine_id) for r in chosen]
 
@@ -159,7 +160,7 @@ class Dispatcher:
         blocked = f", blocked in {where.pop()}" if len(where) == 1 and "" not in where else ""
         raise CellTimeout(
             f"{ranks_text(stuck)} still running {what.pop() if len(what) == 1 else 'earlier work'}{blocked}; "
-            f"run the ranks it waits for, or run `{init_command(self.spec)}` to restart the engines",
+            f"run the ranks it waits for, or {replace_text(init_command(self.spec, force=False), stuck)}",
             stuck,
         )
 
@@ -243,7 +244,7 @@ class Dispatcher:
             why = "probably blocked waiting for the lost rank" if lost else f"still running after {timeout:g} s"
             parts.append(f"{ranks_text(running)} {why}")
         if lost or running:
-            parts.append(RECOVER_HINT)
+            parts.append(replace_text(init_command(self.spec, force=False), [*lost, *running]))
         bad = sorted([*lost, *running, *(r for r, _ in failures)])
         err = RankLost if lost else CellTimeout if running else RankError
         raise err("; ".join(parts), bad)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from ..errors import RECOVER_HINT, EngineStartError, WorldBroken
+from ..errors import RECOVER_HINT, REPLACE_HINT, EngineStartError, WorldBroken
 from ..procs.processes import ProcessKind, kill_all, process_running, start_time
 from .liveness import Watcher, describe_exit, died_text
 from .remote import is_local
@@ -259,4 +259,4 @@ class Health:
         rank = self._rank_of(pid)
         if rank is None or broken is not None:
             return  # a spare engine, in no rank; or the controller's death is the news
-        self._announce(f"rank {rank} lost ({cause}); {RECOVER_HINT}")
+        self._announce(f"rank {rank} lost ({cause}); {REPLACE_HINT}")

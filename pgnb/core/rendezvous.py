@@ -53,6 +53,28 @@ def rank_order(engines: list[EngineInfo], world: int, use_launcher_rank: bool) -
     return ordered[:world]
 
 
+def keep_rank_numbers(previous: list[EngineInfo], engines: list[EngineInfo], world: int,
+                      use_launcher_rank: bool) -> list[EngineInfo]:
+    """``rank_order``, where a rank number belongs to its process for the process's life.
+
+    Each engine of ``previous`` (the world before, in rank order) still among ``engines`` keeps its
+    rank (those at ``world`` or above leave it); the other engines fill the free numbers in
+    ``rank_order``'s order. So a lost rank's replacement takes the lost number, and no survivor is
+    renumbered; with no ``previous`` (a cold start) this is ``rank_order``.
+    """
+    by_id = {e.engine_id: e for e in engines}
+    kept = {r: by_id[e.engine_id] for r, e in enumerate(previous[:world]) if e.engine_id in by_id}
+    was = {e.engine_id for e in previous}
+    spare = iter(rank_order([e for e in engines if e.engine_id not in was], world, use_launcher_rank))
+    out: list[EngineInfo] = []
+    for r in range(world):
+        engine = kept.get(r) or next(spare, None)
+        if engine is None:
+            break
+        out.append(engine)
+    return out
+
+
 def store_bind(spec: WorldSpec, rank0: EngineInfo) -> tuple[str, int]:
     """The (address, port) rank 0 binds its store socket to; port 0 = any free port."""
     url = spec.init_url

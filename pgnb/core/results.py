@@ -16,7 +16,7 @@ from ..errors import CellTimeout, RankError, RankLost
 from .profile import Profile
 from .remote import ENGINE_DIED
 from .terminal import settle
-from .text import lost_text, one_line, ranks_text
+from .text import lost_text, one_line, ranks_text, replace_text
 from .trace import Trace
 
 _SYNTAX_ERRORS = ("SyntaxError", "IndentationError", "TabError")
@@ -77,7 +77,7 @@ class RankOutput:
 class CellResult:
     ranks: list[RankOutput]
     world: int = 0
-    recover: str = "%pg_init ... --force"
+    recover: str = "%pg_init ..."  # the line that asks for this world again (it replaces lost and stuck ranks)
     timeout: float | None = None
     interrupted: bool = False
     trace: Trace | None = None  # when the cell ran with --trace
@@ -160,7 +160,6 @@ class CellResult:
         lost = [r for r in bad if r.state == "lost"]
         errors = [r for r in bad if r.state == "failed" and not (self.interrupted and r.ename == "KeyboardInterrupt")]
         stopped = [r.rank for r in bad if self.interrupted and r.ename == "KeyboardInterrupt"]
-        restart = f"run `{self.recover}` to restart the engines"
         syntax = self._syntax_error()
         if syntax is not None:
             return RankError(f"{syntax.ename}: {syntax.evalue}; the cell did not run on any rank",
@@ -201,7 +200,9 @@ class CellResult:
             if done:
                 parts.append(f"{ranks_text(done)} finished")
         if lost or running:
-            parts.append(restart)
+            # the notebook's %pg_init replaces those ranks in place; a face whose world restarts whole names its own
+            parts.append(replace_text(self.recover, [r.rank for r in [*lost, *running]])
+                         if self.recover.startswith("%pg_init") else f"run `{self.recover}` to restart the engines")
         msg = "; ".join(parts)
         failed = [r.rank for r in bad]
         if running:

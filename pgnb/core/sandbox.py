@@ -30,6 +30,9 @@ from .trace_run import Recording
 from .world import STATUS_TIMEOUT, World
 
 Listener = Callable[["Sandbox"], None]
+#: Seconds a rank past its ``--timeout`` gets to reply before a re-init calls it stuck and replaces it
+#: (``Busy.still_running``'s settle: a reply already on its way arrives in tens of milliseconds).
+STUCK_SETTLE = 0.25
 _LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()
 
 
@@ -59,15 +62,28 @@ class Sandbox:
         self.shutdown()
 
     def start(self, force: bool = False) -> Sandbox:
-        """Start engines and initialise the world (a no-op if it already is)."""
-        self._world.start(force=force)
+        """Start engines and initialise the world (a no-op if it already is); a lost or stuck rank is
+        replaced in place, the others keep their ranks and namespaces."""
+        return self.init(self.spec, force=force)
+
+    def init(self, spec: WorldSpec | None = None, force: bool = False, keep: bool = False) -> Sandbox:
+        """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines
+        (what ``%pg_init`` does; Ctrl-C raises ``pgnb.errors.Interrupted`` once the state is coherent).
+
+        A rank lost, or stuck in earlier work (a ``--timeout`` left it in a collective), gets a new engine
+        under its own number, with an empty namespace; every other rank keeps its number and namespace.
+        A new size empties every rank, unless ``keep``: ranks below both sizes keep theirs.
+        ``snapshot().note`` says which ranks start empty."""
+        self._world.init(spec, force=force, keep=keep, replace=[] if force else self.stuck_ranks())
         return self
 
-    def init(self, spec: WorldSpec | None = None, force: bool = False) -> Sandbox:
-        """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines
-        (what ``%pg_init`` does; Ctrl-C raises ``pgnb.errors.Interrupted`` once the state is coherent)."""
-        self._world.init(spec, force=force)
-        return self
+    def stuck_ranks(self) -> list[int]:
+        """Ranks still running work pgnb sent them earlier (a cell past its ``--timeout``), after a short settle."""
+        if self._world.client is None:
+            return []
+        # a short settle: a rank past its --timeout that is still running now is stuck, not replying
+        return self._dispatch.busy.still_running(range(len(self.engine_ids)), self.engine_ids, self._world.client,
+                                                 settle=STUCK_SETTLE)
 
     def status(self, timeout: float = STATUS_TIMEOUT) -> list[RankStatus]:
         """Ask every rank what torch says about it; rank order."""

@@ -60,6 +60,20 @@ def resized_text(before: int, after: int) -> str:
             "(what earlier cells defined on the ranks is gone)")
 
 
+def replace_text(command: str, ranks: Iterable[int]) -> str:
+    """A lost or stuck rank's recovery: the same ``%pg_init`` again replaces it under its own number."""
+    return f"run `{command}` to replace {ranks_text(ranks)} in place (the other ranks keep their state)"
+
+
+def kept_text(replaced: Iterable[int], new: Iterable[int], kept: Iterable[int]) -> str:
+    """Which ranks of a re-init start empty and which kept their process and namespace, in one line:
+    ``rank 2 replaced (empty namespace); ranks 0, 1, 3 kept``."""
+    replaced, new, kept = list(replaced), list(new), list(kept)
+    fresh = [f"{ranks_text(rs)} {what}" for rs, what in ((replaced, "replaced"), (new, "new")) if rs]
+    text = ", ".join(fresh) + (" (empty namespace)" if len(replaced) + len(new) == 1 else " (empty namespaces)")
+    return text + (f"; {ranks_text(kept)} kept" if kept else "")
+
+
 def lost_text(lost: Mapping[int, str]) -> str:
     """``{2: "engine killed by SIGKILL"}`` -> ``"rank 2 lost (engine killed by SIGKILL)"``; one clause per cause."""
     by_cause: dict[str, list[int]] = {}

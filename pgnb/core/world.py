@@ -40,11 +40,11 @@ from .health import Health
 from .hosting import Hosting
 from .interrupts import deferred
 from .remote import error_line
-from .rendezvous import EngineInfo, rank_order
+from .rendezvous import EngineInfo, keep_rank_numbers
 from .rendezvous_run import Rendezvous
 from .snapshot import RankStatus, Snapshot, fresh_rows
 from .status import ask_ranks
-from .text import ranks_text, resized_text
+from .text import kept_text, ranks_text, resized_text
 from .waiting import poll_until
 
 STATUS_TIMEOUT = 5.0
@@ -59,6 +59,8 @@ CONTROLLER_STARTS = 2
 INTERRUPT_SETTLE = 0.5
 #: The cause a rank replaced after a failed init is lost for, until the next init makes it a rank again.
 REPLACED = "engine replaced: it did not join the last init"
+#: The cause a rank stuck in earlier work (a gloo collective ignores SIGINT) is lost for, once a re-init stopped it.
+STUCK = "engine stopped: it was stuck in earlier work"
 
 
 class Step(Enum):
@@ -87,6 +89,7 @@ class World:
         self.spec = spec or WorldSpec.validate(**options)
         self._hosting: Hosting | None = None  # made at a cold start, stopped whole
         self._ranks: list[EngineInfo] = []
+        self._previous: list[EngineInfo] = []  # the ranks before the init in progress (rank order), when engines stay
         self._listeners: list[Callable[[World], None]] = []
         self._lock = threading.RLock()
         # the liveness watcher publishes from its own thread: one publisher at a time
@@ -185,12 +188,18 @@ class World:
         return self._health.lost_ranks(list(self._ranks), ranks)
 
     # ---- lifecycle ------------------------------------------------------
-    def start(self, force: bool = False) -> World:
+    def start(self, force: bool = False, replace: Iterable[int] = ()) -> World:
         """Start engines and initialise the world (a no-op if it already is)."""
-        return self.init(self.spec, force=force)
+        return self.init(self.spec, force=force, replace=replace)
 
-    def init(self, spec: WorldSpec | None = None, force: bool = False) -> World:
+    def init(self, spec: WorldSpec | None = None, force: bool = False, keep: bool = False,
+             replace: Iterable[int] = ()) -> World:
         """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines.
+
+        Engines kept keep their rank numbers and namespaces: a lost rank, and each rank of ``replace``
+        (stuck in earlier work: its engine is stopped first), gets a new engine under its own number and
+        starts empty. A new size empties every rank, unless ``keep``: then ranks below both sizes keep
+        theirs and new ranks start empty. The snapshot's note says which ranks start empty.
 
         Ctrl-C raises ``Interrupted`` once the state is coherent again: what a cold start (or
         ``force``) had started is stopped; engines that were running before are kept (those stuck
@@ -200,7 +209,7 @@ class World:
         with self._lock:
             before = self._pool
             try:
-                return self._init(spec, force)
+                return self._init(spec, force, keep, sorted(set(replace)))
             except KeyboardInterrupt:
                 raise self._interrupted("init", fresh=self._pool is not before) from None
             except PgnbError:
@@ -214,10 +223,13 @@ class World:
             finally:
                 self._step = None
 
-    def _init(self, spec: WorldSpec, force: bool) -> World:
+    def _init(self, spec: WorldSpec, force: bool, keep: bool, replace: list[int]) -> World:
         self._step = Step.CHECKING
+        stuck = [self._ranks[r] for r in replace if r < len(self._ranks)]
+        if stuck and not force and self._hosting is not None:  # gloo ignores SIGINT there: stop, replace in place
+            self._hosting.stop_stuck(stuck, self._health, lost_as=STUCK)
         self._health.look()  # a process that died a moment ago decides what can be reused
-        if not force and spec == self.spec and self.is_initialized and self._healthy() and all(
+        if not force and not stuck and spec == self.spec and self.is_initialized and self._healthy() and all(
             r.state == "initialized" for r in self.status()  # a cell may have destroyed the group
         ):
             self._publish()  # listeners redraw; nothing else happens
@@ -235,16 +247,29 @@ class World:
             self._step = Step.DESTROYING_PREVIOUS
             self._forget_lost()
             # a world of another size is a new world: no rank keeps what cells defined (docs/cells.md)
-            resized = spec.world != self.spec.world
-            if self._snapshot.phase != "destroyed" or resized:  # after %pg_destroy there is nothing to destroy
-                self._destroy_ranks(self._hosting, quiet=True, clear=resized)
-        before = self.spec.world if self._hosting is not None else None  # engines kept: the size may change
+            clear = spec.world != self.spec.world and not keep
+            if self._snapshot.phase != "destroyed" or clear:  # after %pg_destroy there is nothing to destroy
+                self._destroy_ranks(self._hosting, quiet=True, clear=clear)
+        # engines kept keep their rank numbers (a rank is never renumbered): the next ranks are chosen around them
+        self._previous = list(self._ranks) if self._hosting is not None else []
+        before = self.spec.world if self._hosting is not None else None
         self._spec_before = self.spec
         self.spec = spec
         self._init_world()
-        if before is not None and before != spec.world:
+        if before is not None and before != spec.world and not keep:
             self._publish(note=resized_text(before, spec.world))
+        elif note := self._kept_note():
+            self._publish(note=note)
         return self
+
+    def _kept_note(self) -> str:
+        """After a re-init that kept engines: which ranks start empty, which kept theirs ("" if none changed)."""
+        previous = [e.engine_id for e in self._previous]
+        fresh = [r for r, e in enumerate(self._ranks) if r >= len(previous) or previous[r] != e.engine_id]
+        if not previous or not fresh:
+            return ""
+        kept = [r for r in range(len(self._ranks)) if r not in fresh]
+        return kept_text([r for r in fresh if r < len(previous)], [r for r in fresh if r >= len(previous)], kept)
 
     def _phase(self) -> str:
         """What the lifecycle call in progress is doing, in words (``starting the controller``, ...)."""
@@ -425,8 +450,8 @@ class World:
             self._publish(phase="importing torch")
             hosting.meet(new, self._health)
         spec = self.spec
-        self._ranks = rank_order([known[i] for i in pool.ids() if i in known], spec.world,
-                                 use_launcher_rank=not spec.local)
+        self._ranks = keep_rank_numbers(self._previous, [known[i] for i in pool.ids() if i in known], spec.world,
+                                        use_launcher_rank=not spec.local)
         if len(self._ranks) < spec.world:  # one was lost after it registered (the others would wait for it)
             self._health.look()
             raise EngineStartError(f"only {len(self._ranks)} of the {spec.world} engines are up: one was lost "

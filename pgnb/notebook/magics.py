@@ -121,12 +121,18 @@ class PgMagics(Magics):
     @magic_arguments()
     @_world_options
     @argument("--force", action="store_true", help="tear down whatever exists and start over")
+    @argument("--keep", action="store_true",
+              help="with a new --world: ranks below both sizes keep their namespaces, new ranks start empty "
+                   "(default: every rank starts empty)")
     def pg_init(self, line: str) -> None:
-        """Start or reuse engines and initialise the default process group on every rank."""
+        """Start or reuse engines and initialise the default process group on every rank.
+
+        Run again with the same options after a rank was lost or got stuck: that rank gets a new
+        engine under its own number (empty namespace); the others keep their ranks and namespaces."""
         args = _parse(self.pg_init, line)
         spec = WorldSpec.validate(**{f.name: getattr(args, f.name) for f in option_fields()})
         sb = current()
-        if (sb is not None and not args.force and spec == sb.spec and sb.is_initialized
+        if (sb is not None and not args.force and spec == sb.spec and sb.is_initialized and not sb.stuck_ranks()
                 and all(r.state == "initialized" for r in sb.status())):
             self._show_view(sb, live=False)  # a no-op shows what the ranks say now
             return
@@ -134,7 +140,7 @@ class PgMagics(Magics):
             sb = Sandbox(spec=spec)
             set_current(sb)
         self._show_view(sb, live=True, spec=spec)
-        sb.init(spec, force=args.force)
+        sb.init(spec, force=args.force, keep=args.keep)
         display(WorldReport(sb.snapshot()))
 
     # ---- %%pg ---------------------------------------------------------------
