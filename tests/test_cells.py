@@ -171,7 +171,8 @@ def test_timeout_names_the_stuck_rank_and_where_it_is_blocked(world, ip):
     assert type(err) is UsageError and "\n" not in str(err)
     msg = str(err)
     assert msg.startswith("rank 0 still running after the 3 s --timeout, blocked in all_reduce (distributed_c10d.py);")
-    assert msg.endswith("run `%pg_init --backend gloo --world 4 --force` to restart the engines")
+    assert msg.endswith("run `%pg_init --backend gloo --world 4` to replace rank 0 in place "
+                        "(the other ranks keep their state)")
     assert cap.stdout.startswith("[rank 0] still running\n")
     stack = cap.stderr
     assert stack.startswith("rank 0 is blocked here (most recent call last):\n  Cell, line 2\n    dist.all_reduce(t)\n")
@@ -231,7 +232,8 @@ def test_interrupt_reports_a_rank_blocked_in_a_collective(world):
     err = res.error()
     assert isinstance(err, pgnb.CellTimeout)
     assert str(err).startswith("interrupted; rank 0 could not be interrupted, blocked in all_reduce")
-    assert "--force" in str(err)
+    assert str(err).endswith("run `%pg_init --backend gloo --world 4` to replace rank 0 in place "
+                             "(the other ranks keep their state)")
     assert "rank 0 is blocked here" in res.text()
     # release it: the pending SIGINT lands in rank 0's old cell, never in a new one
     world.execute(STUCK, ranks=[1, 2, 3])

@@ -83,14 +83,15 @@ def test_interrupt_stops_the_ranks_then_the_next_cell_runs(kernel):
     assert ex.status == "ok" and streams(ex, "stdout") == EXPECTED
 
 
-def test_hang_with_timeout_then_force_gives_a_working_world(kernel):
+def test_hang_with_timeout_then_the_same_init_gives_a_working_world(kernel):
     ex = kernel.execute("%%pg --ranks 0 --timeout 3\nt = torch.ones(2)\ndist.all_reduce(t)")
     assert ex.seconds < 5, ex.seconds
     assert ex.status == "error" and ex.error["ename"] == "UsageError"
     msg = ex.error["evalue"]
     assert msg.startswith("rank 0 still running after the 3 s --timeout, blocked in all_reduce (distributed_c10d.py);")
-    recover = re.search(r"run `(%pg_init [^`]+)` to restart the engines$", msg)[1]
-    assert recover == "%pg_init --backend gloo --world 4 --force"
+    recover = re.search(r"run `(%pg_init [^`]+)` to replace rank 0 in place \(the other ranks keep their state\)$",
+                        msg)[1]
+    assert recover == "%pg_init --backend gloo --world 4"
     assert streams(ex, "stdout").startswith("[rank 0] still running\n")
     stack = streams(ex, "stderr")
     assert "rank 0 is blocked here (most recent call last):\n  Cell, line 2\n    dist.all_reduce(t)\n" in stack
