@@ -512,7 +512,7 @@ class World:
                 raise self._interrupted("destroy", fresh=False) from None
             finally:
                 self._step = None
-            self._set_rows(self._snapshot.rows_now("destroyed"), phase="destroyed", message="")
+            self._set_rows(self._snapshot.rows_now("destroyed"), phase="destroyed", message="", note="")
 
     def _stop_pool(self, grace: float = 1.0) -> bool:
         """Stop everything this world started (SIGTERM, SIGKILL after ``grace`` s); True if Ctrl-C was
@@ -548,7 +548,7 @@ class World:
         with self._lock:
             phase = "stopping the engines and the controller"
             seen = self._stop_pool()
-            self._set_rows(self._snapshot.rows_now("destroyed"), phase="shut down", message="")
+            self._set_rows(self._snapshot.rows_now("destroyed"), phase="shut down", message="", note="")
             if seen:
                 raise Interrupted("shutdown", phase, "pgnb finished stopping them first: nothing is running")
 
