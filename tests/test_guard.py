@@ -39,7 +39,7 @@ def _line_magic(ip, name, line):
 
 
 def test_internal_error_is_one_line_and_its_traceback_is_kept(ip):
-    def broken(self, spec=None, force=False):
+    def broken(self, spec=None, force=False, keep=False):
         return {}["no such key"]  # a bug of pgnb's, as it would look
 
     with mock.patch.object(pgnb.Sandbox, "init", broken):
@@ -56,7 +56,7 @@ def test_internal_error_is_one_line_and_its_traceback_is_kept(ip):
 
 
 def test_internal_error_is_where_debug_and_tb_find_it_while_the_cell_shows_one_line(ip):
-    def broken(self, spec=None, force=False):
+    def broken(self, spec=None, force=False, keep=False):
         return {}["no such key"]
 
     ip.run_cell("1 / 0")  # an older error, whose traceback IPython formatted (and would debug)
@@ -89,7 +89,10 @@ def test_internal_error_is_where_debug_and_tb_find_it_while_the_cell_shows_one_l
 
 
 def test_a_user_error_after_an_internal_one_stays_the_last(ip):
-    with mock.patch.object(pgnb.Sandbox, "init", lambda self, spec=None, force=False: {}["k"]), capture_output():
+    def broken(self, spec=None, force=False, keep=False):
+        return {}["k"]
+
+    with mock.patch.object(pgnb.Sandbox, "init", broken), capture_output():
         ip.run_cell("try:\n    get_ipython().run_line_magic('pg_init', '--world 2')\nexcept Exception:\n    pass\n"
                     "1 / 0")
     set_current(None)
@@ -97,7 +100,7 @@ def test_a_user_error_after_an_internal_one_stays_the_last(ip):
 
 
 def test_interrupted_lifecycle_call_is_one_line(ip):
-    def interrupted(self, spec=None, force=False):
+    def interrupted(self, spec=None, force=False, keep=False):
         raise Interrupted("init", "starting the controller", "pgnb stopped what it had started; nothing is running")
 
     with mock.patch.object(pgnb.Sandbox, "init", interrupted):
@@ -107,7 +110,7 @@ def test_interrupted_lifecycle_call_is_one_line(ip):
 
 
 def test_bare_keyboard_interrupt_in_a_magic_is_one_line(ip):
-    def stopped(self, spec=None, force=False):
+    def stopped(self, spec=None, force=False, keep=False):
         raise KeyboardInterrupt
 
     with mock.patch.object(pgnb.Sandbox, "init", stopped):

@@ -26,6 +26,7 @@ from .health import Health
 from .remote import error_line, is_local
 from .rendezvous import STORE_FILE, EngineInfo
 from .sending import send
+from .waiting import poll_until
 
 _log = logging.getLogger("pgnb")
 
@@ -108,6 +109,16 @@ class Hosting:
         self.pool.kill_engines(infos)
         for e in infos:
             self.known.pop(e.engine_id, None)
+
+    def forget_lost(self, health: Health) -> None:
+        """Drop dead engines before a re-init, once the Client has noticed they are gone."""
+        pool, known = self.pool, self.known
+        dead = [e.engine_id for e in known.values() if health.lost_cause(e.pid) is not None]
+        if not dead or pool.client is None:
+            return
+        poll_until(lambda: not set(dead) & set(pool.ids()), 5.0)
+        for eid in dead:
+            known.pop(eid, None)
 
     def new_store(self) -> str:
         """A fresh directory for a ``file://`` store, its (empty) store file made; its path."""

@@ -65,12 +65,17 @@ def replace_text(command: str, ranks: Iterable[int]) -> str:
     return f"run `{command}` to replace {ranks_text(ranks)} in place (the other ranks keep their state)"
 
 
-def kept_text(replaced: Iterable[int], new: Iterable[int], kept: Iterable[int]) -> str:
-    """Which ranks of a re-init start empty and which kept their process and namespace, in one line:
-    ``rank 2 replaced (empty namespace); ranks 0, 1, 3 kept``."""
-    replaced, new, kept = list(replaced), list(new), list(kept)
-    fresh = [f"{ranks_text(rs)} {what}" for rs, what in ((replaced, "replaced"), (new, "new")) if rs]
-    text = ", ".join(fresh) + (" (empty namespace)" if len(replaced) + len(new) == 1 else " (empty namespaces)")
+def kept_text(before: list[int], now: list[int]) -> str:
+    """After a re-init that kept engines (``before`` and ``now``: each rank's engine id), which ranks start
+    empty and which kept theirs, in one line: ``rank 2 replaced (empty namespace); ranks 0, 1, 3 kept``;
+    "" when no rank changed."""
+    fresh = [r for r, e in enumerate(now) if r >= len(before) or before[r] != e]
+    if not before or not fresh:
+        return ""
+    replaced, new = [r for r in fresh if r < len(before)], [r for r in fresh if r >= len(before)]
+    kept = [r for r in range(len(now)) if r not in fresh]
+    text = ", ".join(f"{ranks_text(rs)} {what}" for rs, what in ((replaced, "replaced"), (new, "new")) if rs)
+    text += " (empty namespace)" if len(fresh) == 1 else " (empty namespaces)"
     return text + (f"; {ranks_text(kept)} kept" if kept else "")
 
 

@@ -45,7 +45,6 @@ from .rendezvous_run import Rendezvous
 from .snapshot import RankStatus, Snapshot, fresh_rows
 from .status import ask_ranks
 from .text import kept_text, ranks_text, resized_text
-from .waiting import poll_until
 
 STATUS_TIMEOUT = 5.0
 #: Cold starts of a controller that failed as it started (a process of it exited with status 1) before
@@ -194,12 +193,8 @@ class World:
 
     def init(self, spec: WorldSpec | None = None, force: bool = False, keep: bool = False,
              replace: Iterable[int] = ()) -> World:
-        """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines.
-
-        Engines kept keep their rank numbers and namespaces: a lost rank, and each rank of ``replace``
-        (stuck in earlier work: its engine is stopped first), gets a new engine under its own number and
-        starts empty. A new size empties every rank, unless ``keep``: then ranks below both sizes keep
-        theirs and new ranks start empty. The snapshot's note says which ranks start empty.
+        """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines; a lost
+        rank, or one of ``replace`` (stuck: stopped first), is replaced in place (``Sandbox.init``).
 
         Ctrl-C raises ``Interrupted`` once the state is coherent again: what a cold start (or
         ``force``) had started is stopped; engines that were running before are kept (those stuck
@@ -225,18 +220,16 @@ class World:
 
     def _init(self, spec: WorldSpec, force: bool, keep: bool, replace: list[int]) -> World:
         self._step = Step.CHECKING
-        stuck = [self._ranks[r] for r in replace if r < len(self._ranks)]
-        if stuck and not force and self._hosting is not None:  # gloo ignores SIGINT there: stop, replace in place
-            self._hosting.stop_stuck(stuck, self._health, lost_as=STUCK)
+        if (stuck := [self._ranks[r] for r in replace if r < len(self._ranks)]) and self._hosting and not force:
+            self._hosting.stop_stuck(stuck, self._health, lost_as=STUCK)  # gloo ignores SIGINT there
         self._health.look()  # a process that died a moment ago decides what can be reused
         if not force and not stuck and spec == self.spec and self.is_initialized and self._healthy() and all(
             r.state == "initialized" for r in self.status()  # a cell may have destroyed the group
         ):
             self._publish()  # listeners redraw; nothing else happens
             return self
-        new_hosting = self._pool is not None and (
-            spec.launcher, spec.profile, spec.cluster_id
-        ) != (self.spec.launcher, self.spec.profile, self.spec.cluster_id)
+        hosting_options = ("launcher", "profile", "cluster_id")
+        new_hosting = self._pool is not None and any(getattr(spec, o) != getattr(self.spec, o) for o in hosting_options)
         # a dead controller (or a pool left half made) cannot be reused: start over, as --force would
         unusable = self._pool is not None and (self._health.broken is not None or self._pool.client is None)
         if force or new_hosting or unusable:
@@ -245,31 +238,19 @@ class World:
                 raise KeyboardInterrupt  # seen while stopping: nothing runs now, say so
         elif self._hosting is not None:
             self._step = Step.DESTROYING_PREVIOUS
-            self._forget_lost()
+            self._hosting.forget_lost(self._health)
             # a world of another size is a new world: no rank keeps what cells defined (docs/cells.md)
             clear = spec.world != self.spec.world and not keep
             if self._snapshot.phase != "destroyed" or clear:  # after %pg_destroy there is nothing to destroy
                 self._destroy_ranks(self._hosting, quiet=True, clear=clear)
-        # engines kept keep their rank numbers (a rank is never renumbered): the next ranks are chosen around them
-        self._previous = list(self._ranks) if self._hosting is not None else []
-        before = self.spec.world if self._hosting is not None else None
+        # kept engines keep their rank numbers (a rank is never renumbered): new ranks are chosen around them
+        self._previous, before = (list(self._ranks), self.spec.world) if self._hosting is not None else ([], None)
         self._spec_before = self.spec
         self.spec = spec
         self._init_world()
-        if before is not None and before != spec.world and not keep:
-            self._publish(note=resized_text(before, spec.world))
-        elif note := self._kept_note():
-            self._publish(note=note)
+        kept = kept_text([e.engine_id for e in self._previous], self.engine_ids)
+        self._publish(note=resized_text(before, spec.world) if before not in (None, spec.world) and not keep else kept)
         return self
-
-    def _kept_note(self) -> str:
-        """After a re-init that kept engines: which ranks start empty, which kept theirs ("" if none changed)."""
-        previous = [e.engine_id for e in self._previous]
-        fresh = [r for r, e in enumerate(self._ranks) if r >= len(previous) or previous[r] != e.engine_id]
-        if not previous or not fresh:
-            return ""
-        kept = [r for r in range(len(self._ranks)) if r not in fresh]
-        return kept_text([r for r in fresh if r < len(previous)], [r for r in fresh if r >= len(previous)], kept)
 
     def _phase(self) -> str:
         """What the lifecycle call in progress is doing, in words (``starting the controller``, ...)."""
@@ -361,16 +342,6 @@ class World:
         if (pool := self._pool) is not None and pool.queued != self._snapshot.waiting:  # a batch job in the queue
             self._publish(waiting=pool.queued)
         self._health.check_start(self._zygotes_before, [e.pid for e in list(self._known().values())])
-
-    def _forget_lost(self) -> None:
-        """Drop dead engines before a re-init, once the Client has noticed they are gone."""
-        pool, known = self._pool, self._known()
-        dead = [e.engine_id for e in known.values() if self._health.lost_cause(e.pid) is not None]
-        if not dead or pool is None or pool.client is None:
-            return
-        poll_until(lambda: not set(dead) & set(pool.ids()), 5.0)
-        for eid in dead:
-            known.pop(eid, None)
 
     # ---- start ----------------------------------------------------------
     def _init_world(self) -> None:
