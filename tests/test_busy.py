@@ -130,7 +130,7 @@ def test_a_blocked_rank_is_refused_at_once_by_every_entry_point(world, ip):
         assert len(set(messages.values())) == 1, messages
         msg = messages["%%pg"]
         assert msg.startswith("rank 0 still running cell In [") and "blocked in" in msg and "\n" not in msg
-        assert "--force" in msg and "run the ranks it waits for" in msg
+        assert "to replace rank 0 in place" in msg and "run the ranks it waits for" in msg
         # the others are free; status answers without waiting on rank 0
         assert world.run(os.getpid, ranks=[1, 2, 3])
         t0 = time.monotonic()

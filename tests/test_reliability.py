@@ -165,14 +165,14 @@ def test_fault_idle_rank_killed(whole, ip, record_property):
         assert latency is not None, "rank 1 not shown lost within 2 s"
         record_property("lost_detection_s", round(latency, 2))
         assert "engine killed by SIGKILL" in view.row_widgets[1].value
-        assert "rank 1 lost" in view.message.value and "--force" in view.message.value
+        assert "rank 1 lost" in view.message.value and "replace it in place" in view.message.value
         assert [r.state for r in sb.snapshot().ranks] == ["initialized", "lost", "initialized"]
     finally:
         view.detach()
 
     cap, err, took = timed(pg, ip, "", "print(rank)")
     assert err is not None and took < 2, (err, took)
-    assert str(err).startswith("rank 1 lost (engine killed by SIGKILL); ") and "--force" in str(err)
+    assert str(err).startswith("rank 1 lost (engine killed by SIGKILL); ") and "to replace rank 1 in place" in str(err)
     assert "\n" not in str(err)
     with pytest.raises(pgnb.RankLost, match=r"^rank 1 lost \(engine killed by SIGKILL\)") as info:
         sb.run(os.getpid)
@@ -201,7 +201,8 @@ def test_fault_rank_killed_mid_all_reduce(whole, ip, record_property):
     record_property("return_after_kill_s", round(took - 1.5, 2))
     assert err is not None and took < 1.5 + 6, (err, took)
     msg = str(err)
-    assert "rank 2 lost (engine killed by SIGKILL)" in msg and "--force" in msg and "\n" not in msg
+    # the ranks to replace: rank 2, and those still waiting for it, as timing has it
+    assert "rank 2 lost (engine killed by SIGKILL)" in msg and "in place (the other ranks" in msg and "\n" not in msg
     assert "[rank 2]" in cap.stdout  # every rank has its heading, the lost one included
     recover(ip, sb)
 
@@ -217,7 +218,8 @@ def test_fault_rank_hangs(whole, ip, record_property):
     record_property("timeout_return_s", round(took, 2))
     assert err is not None and 2 <= took < 2 + 6, (err, took)
     msg = str(err)
-    assert "ranks 0, 1" in msg and "still running" in msg and "--force" in msg and "\n" not in msg
+    assert "ranks 0, 1" in msg and "still running" in msg and "\n" not in msg
+    assert "to replace ranks 0, 1 in place" in msg
     assert "all_reduce" in cap.stderr  # rank 0's stack says where it waits
     cap, err, took = timed(pg, ip, "--ranks 0", "print(1)")
     # refused after the short wait for a reply already on its way (pgnb.core.busy.SETTLE), never queued
