@@ -51,6 +51,12 @@ def ask(k) -> dict[int, tuple[str, int, int]]:
     return {int(m[1]): (m[2], int(m[3]), int(m[4])) for m in LINE.finditer(ex.text())}
 
 
+def assert_one_engine_and_nanny_per_rank(k, world: int) -> None:
+    """Nothing of a replaced engine is left: its nanny went with it (seen from outside, by process kind)."""
+    kinds = k.by_kind()
+    assert (len(kinds["engine"]), len(kinds["nanny"])) == (world, world), kinds
+
+
 def reinit(k, line: str = INIT) -> tuple[str, float]:
     ex = k.execute(line, timeout=120)
     assert ex.status == "ok", ex.text()
@@ -76,6 +82,7 @@ def test_a_lost_rank_is_replaced_in_place_and_the_others_keep_their_numbers_and_
     assert {s for _, _, s in after.values()} == {6}
     pids = {pid for _, _, pid, _ in kernel.world()["rows"]}
     assert before[2][1] not in pids and after[2][1] in pids
+    assert_one_engine_and_nanny_per_rank(kernel, 4)
     print(f"lost rank replaced in {seconds:.2f} s")
 
 
@@ -93,6 +100,7 @@ def test_a_rank_stuck_past_its_timeout_is_replaced_in_place(kernel):
     assert [after[r][1] for r in (0, 2, 3)] == [before[r][1] for r in (0, 2, 3)]
     assert not psutil.pid_exists(before[1][1])
     assert {s for _, _, s in after.values()} == {6}
+    assert_one_engine_and_nanny_per_rank(kernel, 4)
     print(f"stuck rank replaced in {seconds:.2f} s")
 
 
