@@ -187,9 +187,9 @@ class World:
         return self._health.lost_ranks(list(self._ranks), ranks)
 
     # ---- lifecycle ------------------------------------------------------
-    def start(self, force: bool = False, replace: Iterable[int] = ()) -> World:
+    def start(self, force: bool = False) -> World:
         """Start engines and initialise the world (a no-op if it already is)."""
-        return self.init(self.spec, force=force, replace=replace)
+        return self.init(self.spec, force=force)
 
     def init(self, spec: WorldSpec | None = None, force: bool = False, keep: bool = False,
              replace: Iterable[int] = ()) -> World:
