@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import select
 import signal
 import socket
 import stat
@@ -39,7 +40,7 @@ from pgnb.core.sandbox import dispatch_of
 from pgnb.notebook.current import current, set_current
 from pgnb.notebook.view import StatusView
 from pgnb.procs.ownership import cluster_files
-from pgnb.procs.processes import owned_by_token, process_state
+from pgnb.procs.processes import owned_by_token
 
 pytestmark = pytest.mark.integration
 
@@ -573,11 +574,17 @@ def _killed_under_an_idle_world(k, kind):
     _ok(k, "%pg_init --world 2")
     pids = k.by_kind()[kind]
     assert len(pids) == 1, k.by_kind()
+    handle = os.pidfd_open(pids[0])
     t_kill = time.monotonic()
     os.kill(pids[0], signal.SIGKILL)
-    # dead, not only signalled: on a loaded machine the process can take a few ms to end, and a cell sent
-    # meanwhile may still get through the controller's schedulers (they are processes of their own)
-    assert wait_until(lambda: process_state(pids[0]) != "running", 2.0, step=0.001) is not None
+    # ended, not only signalled: on a loaded machine the process can take a few ms to end, and a cell sent
+    # meanwhile may still get through the controller's schedulers (they are processes of their own). Its
+    # pidfd, not /proc, says when: the main thread is a zombie while the other threads are still exiting
+    # (a cell got through then, in CI), and a pidfd, which pgnb's look polls, is readable only after them.
+    try:
+        assert select.select([handle], [], [], 2.0)[0], "still running 2 s after SIGKILL"
+    finally:
+        os.close(handle)
     return pids[0], t_kill
 
 
