@@ -133,6 +133,29 @@ MAIN = textwrap.dedent('''
     def test_after_the_hang(rank):
         dist.all_reduce(torch.ones(1))
 
+
+    def _pid_file(when, rank):  # beside this file: the outer test reads which process each rank was
+        return os.path.join(os.path.dirname(os.path.abspath(__file__)), f"pid-{when}-{rank}")
+
+
+    @pytest.mark.world(2)
+    def test_before_a_rank_dies(rank):
+        with open(_pid_file("before", rank), "w") as f:
+            f.write(str(os.getpid()))
+
+
+    @pytest.mark.world(2)
+    def test_a_rank_dies(rank):
+        if rank == 1:
+            os.kill(os.getpid(), 9)  # as the out-of-memory killer would
+
+
+    @pytest.mark.world(2)
+    def test_after_a_rank_died(rank):
+        dist.all_reduce(torch.ones(1))
+        with open(_pid_file("after", rank), "w") as f:
+            f.write(str(os.getpid()))
+
 ''').replace("TRIVIAL", str(TRIVIAL))
 
 BAD = textwrap.dedent('''
@@ -241,10 +264,11 @@ def test_world_tests_in_one_session(pytester: pytest.Pytester) -> None:
     passed = {m.group(1) for m in re.finditer(r"^PASSED test_main.py::(\S+)", out, re.M)}
     assert {"test_all_reduce_2", "test_all_reduce_4", "test_values[1]", "test_values[3]", "test_seeded",
             "test_leaks_a_group", "test_sets_an_env_var", "test_after_the_leaks", "test_drives_the_world",
-            "test_after_the_hang"} <= passed, out
-    # failed: the one-rank skip, the two hangs, the test the ranks cannot import, the docs' example where rank 2
-    # raises; errors: world 0, the unknown backend, the marker on a unittest class, the marker on a fixture
-    assert (outcomes.get("failed"), outcomes.get("errors"), outcomes.get("skipped")) == (5, 4, 2), out
+            "test_after_the_hang", "test_before_a_rank_dies", "test_after_a_rank_died"} <= passed, out
+    # failed: the one-rank skip, the two hangs, the rank that dies, the test the ranks cannot import, the docs'
+    # example where rank 2 raises; errors: world 0, the unknown backend, the marker on a unittest class, the
+    # marker on a fixture
+    assert (outcomes.get("failed"), outcomes.get("errors"), outcomes.get("skipped")) == (6, 4, 2), out
     # the docs page's examples: all pass but the failing one, whose report reads as the page shows it
     assert {"test_all_reduce", "test_broadcast[1]", "test_broadcast[8]", "test_shared_directory",
             "test_from_the_driver"} <= {m.group(1) for m in re.finditer(r"^PASSED test_\w+.py::(\S+)", out, re.M)}
@@ -262,11 +286,16 @@ def test_world_tests_in_one_session(pytester: pytest.Pytester) -> None:
     assert "rank 1 skipped (no luck on rank 1) but rank 0 ran the test: a skip must agree on every rank" in out
     # the hang: its timeout, every rank's stack, the world replaced, the next test passes
     hang = _failure(junit, "test_hangs")
-    assert "the test ran past its 2 s timeout on rank 0" in hang, hang
+    assert "the test ran past its 2 s timeout on rank 0; pgnb replaced rank 0 in place" in hang, hang
     assert "dist.recv(torch.zeros(1), src=1)" in hang and "rank 1 is done" in hang, hang
     assert times["test_hangs"] <= 2 + 3, times
     under = _failure(junit, "test_hangs_under_pytest_timeout")
-    assert under.startswith("the test ran past its 3 s timeout on rank 1"), under
+    assert under.startswith("the test ran past its 3 s timeout on rank 1; pgnb replaced rank 1 in place"), under
+    # a rank killed in a test costs only that rank: the next test runs on rank 0's same process, rank 1's new one
+    died = _failure(junit, "test_a_rank_dies")
+    assert died.startswith("rank 1 failed first: ") and "SIGKILL" in died.splitlines()[0], died
+    pids = {name: (pytester.path / f"pid-{name}").read_text() for name in ("before-0", "before-1", "after-0", "after-1")}
+    assert pids["after-0"] == pids["before-0"] and pids["after-1"] != pids["before-1"], pids
     # (the docs' example) rank 2 first, the others as consequences, each with its own section, in the junit XML
     raised = _failure(junit, "test_rank_2_raises")
     assert raised.startswith("rank 2 failed first: ValueError: rank 2 is broken; ranks 0, 1, 3 failed only "

@@ -11,7 +11,7 @@ import pytest
 from pgnb.core.report import status_table
 from pgnb.core.results import CellResult, RankOutput
 from pgnb.core.snapshot import Snapshot, fresh_rows
-from pgnb.core.text import SENTENCE_LIMIT, one_line, resized_text
+from pgnb.core.text import SENTENCE_LIMIT, kept_text, one_line, resized_text, started_empty
 from pgnb.rank.children import failures_text
 from pgnb.rank.streams import format_warning, without_cell_files
 from pgnb.spec import WorldSpec
@@ -93,6 +93,16 @@ def test_a_resized_world_says_so_under_its_table():
     assert status_table(snap).splitlines()[-1] == \
         "world size 2 -> 4: every rank starts with an empty namespace (what earlier cells defined on the ranks is gone)"
     assert resized_text(2, 4) not in status_table(Snapshot(spec, snap.ranks, "initialized"))
+
+
+def test_fresh_ranks_are_those_that_started_empty_beside_kept_ones():
+    """Engine ids per rank before and after a re-init: a rank is fresh only when others kept theirs."""
+    assert started_empty([10, 11, 12, 13], [10, 11, 14, 13]) == [2]  # rank 2 replaced in place
+    assert started_empty([10, 11, 12, 13], [10, 11, 12, 13, 14, 15]) == [4, 5]  # grown with --keep
+    assert started_empty([10, 11], [10, 11]) == []  # nothing changed
+    assert started_empty([], [10, 11]) == []  # a cold start: every rank is new, none is "fresh" beside others
+    assert started_empty([10, 11], [12, 13]) == []  # every rank replaced
+    assert kept_text([10, 11, 12, 13], [10, 11, 14, 13]) == "rank 2 replaced (empty namespace); ranks 0, 1, 3 kept"
 
 
 # ---- on real ranks -----------------------------------------------------------------------

@@ -57,6 +57,17 @@ def assert_one_engine_and_nanny_per_rank(k, world: int) -> None:
     assert (len(kinds["engine"]), len(kinds["nanny"])) == (world, world), kinds
 
 
+def assert_fresh(k, ranks: list[int]) -> None:
+    """%pg_status says which ranks started empty and ran nothing since; so do the status view's rows."""
+    ex = k.execute("%pg_status")
+    assert ex.status == "ok", ex.text()
+    says = f"rank {ranks[0]} fresh (started empty, nothing run there yet)" if ranks else "fresh"
+    assert (says in ex.text()) == bool(ranks), ex.text()
+    assert ("replaced (empty namespace)" in ex.text()) == bool(ranks), ex.text()
+    rows = k.execute("import pgnb\nprint(pgnb.current().snapshot().fresh)")
+    assert rows.text().strip() == str(tuple(ranks)), rows.text()
+
+
 def reinit(k, line: str = INIT) -> tuple[str, float]:
     ex = k.execute(line, timeout=120)
     assert ex.status == "ok", ex.text()
@@ -75,7 +86,9 @@ def test_a_lost_rank_is_replaced_in_place_and_the_others_keep_their_numbers_and_
 
     text, seconds = reinit(kernel)
     assert "rank 2 replaced (empty namespace); ranks 0, 1, 3 kept" in text, text
+    assert_fresh(kernel, [2])
     after = ask(kernel)
+    assert_fresh(kernel, [])  # work went to every rank: none is fresh, the note is gone
     assert [after[r][0] for r in range(4)] == ["0", "10", "None", "30"]  # never renumbered
     assert [after[r][1] for r in (0, 1, 3)] == [before[r][1] for r in (0, 1, 3)]  # the same processes
     assert after[2][1] != before[2][1] and not psutil.pid_exists(before[2][1])
@@ -108,6 +121,7 @@ def test_keep_grows_the_world_and_ranks_0_to_3_keep_their_values(kernel):
     before = ask(kernel)
     text, _ = reinit(kernel, "%pg_init --backend gloo --world 6 --keep")
     assert "ranks 4, 5 new (empty namespaces); ranks 0-3 kept" in text, text
+    assert "ranks 4, 5 fresh (started empty, nothing run there yet)" in text, text
     after = ask(kernel)
     assert [after[r][0] for r in range(6)] == ["0", "None", "None", "30", "None", "None"]
     assert [after[r][1] for r in range(4)] == [before[r][1] for r in range(4)]

@@ -148,6 +148,21 @@ def test_a_launcher_numbered_rank_shows_both_numbers(sb):
     assert not any("mpi" in w.value for w in _rows(view))
 
 
+def test_a_fresh_rank_is_marked_until_work_is_sent_there(sb):
+    """After an in-place replacement the view's row and every text form say which ranks started empty."""
+    view = StatusView(sb)
+    rows = [RankStatus(r, 4, "gloo", "initialized") for r in range(4)]
+    sb.publish(rows, phase="initialized", fresh=(2,), note="rank 2 replaced (empty namespace); ranks 0, 1, 3 kept")
+    assert ["pgnb-fresh" in w._dom_classes for w in _rows(view)] == [False, False, True, False]
+    assert "fresh</span>" in _rows(view)[2].value and _states(view) == ["initialized"] * 4
+    text = status_table(sb.snapshot())
+    assert text.splitlines()[0].endswith("4/4 initialized; rank 2 fresh (started empty, nothing run there yet)")
+    assert "rank 2 fresh" in WorldReport(sb.snapshot())._repr_mimebundle_()["text/html"]
+    sb.publish(rows, phase="initialized", fresh=(), note="")
+    assert not any("pgnb-fresh" in w._dom_classes or "fresh<" in w.value for w in _rows(view))
+    assert "fresh" not in status_table(sb.snapshot())
+
+
 # ---- a view tells the truth about its own world (issue 18) ----------------------------------------------
 def _widgets_alive():
     from ipywidgets.widgets.widget import _instances  # every widget the kernel keeps (ipywidgets 8)

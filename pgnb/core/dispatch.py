@@ -134,6 +134,7 @@ class Dispatcher:
             raise RankLost(f"{lost_text(lost)}; {replace_text(init_command(self.spec, force=False), lost)}",
                            sorted(lost))
         self.check_idle(chosen)
+        self._world.sent_to(chosen)  # a rank that started empty is no longer fresh
         return [(r, infos[r].engine_id) for r in chosen]
 
     def check_idle(self, ranks: Iterable[int]) -> None:

@@ -7,6 +7,7 @@ report under a magic, ``pgnb demo``'s table.
 from __future__ import annotations
 
 from .snapshot import Snapshot
+from .text import ranks_text
 
 
 def header_text(snap: Snapshot) -> str:
@@ -20,7 +21,8 @@ def summary_text(snap: Snapshot) -> str:
         counts[r.state] = counts.get(r.state, 0) + 1
     parts = [f"{k} {s}" for s, k in sorted(counts.items(), key=lambda kv: kv[0]) if s != "initialized"]
     head = f"{snap.initialized}/{n} initialized"
-    return head + (f" ({', '.join(parts)})" if parts else "")
+    fresh = f"; {ranks_text(snap.fresh)} fresh (started empty, nothing run there yet)" if snap.fresh else ""
+    return head + (f" ({', '.join(parts)})" if parts else "") + fresh
 
 
 def status_table(snap: Snapshot) -> str:

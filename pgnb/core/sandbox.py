@@ -66,15 +66,20 @@ class Sandbox:
         replaced in place, the others keep their ranks and namespaces."""
         return self.init(self.spec, force=force)
 
-    def init(self, spec: WorldSpec | None = None, force: bool = False, keep: bool = False) -> Sandbox:
+    def init(self, spec: WorldSpec | None = None, force: bool = False, keep: bool = False,
+             replace: Iterable[int] = ()) -> Sandbox:
         """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines
         (what ``%pg_init`` does; Ctrl-C raises ``pgnb.errors.Interrupted`` once the state is coherent).
 
         A rank lost, or stuck in earlier work (a ``--timeout`` left it in a collective), gets a new engine
         under its own number, with an empty namespace; every other rank keeps its number and namespace.
         A new size empties every rank, unless ``keep``: ranks below both sizes keep theirs.
-        ``snapshot().note`` says which ranks start empty."""
-        self._world.init(spec, force=force, keep=keep, replace=[] if force else self.stuck_ranks())
+        ``snapshot().note`` says which ranks start empty, and ``snapshot().fresh`` lists them until work is
+        sent to them. ``replace``: ranks to replace in place as well, whatever state they are in (a thread
+        of theirs left blocked in a collective, as the pytest plugin finds)."""
+        # a lost rank is replaced anyway; stopping it again would blame its death on being stuck
+        replace = [] if force else sorted({*self.stuck_ranks(), *replace} - set(self._dispatch.lost_ranks()))
+        self._world.init(spec, force=force, keep=keep, replace=replace)
         return self
 
     def stuck_ranks(self) -> list[int]:

@@ -50,6 +50,8 @@ class Snapshot:
     note: str = ""
     #: what the start waits for outside pgnb: its batch job in the queue ("Slurm job 12: PENDING (Resources)"), or ""
     waiting: str = ""
+    #: ranks that started empty beside ranks that kept their namespaces, until work is sent to them
+    fresh: tuple[int, ...] = ()
 
     @property
     def initialized(self) -> int:

@@ -65,6 +65,13 @@ def replace_text(command: str, ranks: Iterable[int]) -> str:
     return f"run `{command}` to replace {ranks_text(ranks)} in place (the other ranks keep their state)"
 
 
+def started_empty(before: list[int], now: list[int]) -> list[int]:
+    """After a re-init (``before`` and ``now``: each rank's engine id), the ranks that start empty beside
+    ranks that kept their namespaces; [] when every rank kept its own or none did."""
+    fresh = [r for r, e in enumerate(now) if r >= len(before) or before[r] != e]
+    return fresh if before and len(fresh) < len(now) else []
+
+
 def kept_text(before: list[int], now: list[int]) -> str:
     """After a re-init that kept engines (``before`` and ``now``: each rank's engine id), which ranks start
     empty and which kept theirs, in one line: ``rank 2 replaced (empty namespace); ranks 0, 1, 3 kept``;

@@ -44,7 +44,7 @@ from .rendezvous import EngineInfo, keep_rank_numbers
 from .rendezvous_run import Rendezvous
 from .snapshot import RankStatus, Snapshot, fresh_rows
 from .status import ask_ranks
-from .text import kept_text, ranks_text, resized_text
+from .text import kept_text, ranks_text, resized_text, started_empty
 
 STATUS_TIMEOUT = 5.0
 #: Cold starts of a controller that failed as it started (a process of it exited with status 1) before
@@ -248,9 +248,17 @@ class World:
         self._spec_before = self.spec
         self.spec = spec
         self._init_world()
-        kept = kept_text([e.engine_id for e in self._previous], self.engine_ids)
-        self._publish(note=resized_text(before, spec.world) if before not in (None, spec.world) and not keep else kept)
+        ids_before = [e.engine_id for e in self._previous]
+        kept = kept_text(ids_before, self.engine_ids)
+        self._publish(note=resized_text(before, spec.world) if before not in (None, spec.world) and not keep else kept,
+                      fresh=tuple(started_empty(ids_before, self.engine_ids)))
         return self
+
+    def sent_to(self, ranks: Iterable[int]) -> None:
+        """Work is going to ``ranks``: those among the fresh are fresh no more (with none left, nor is the note)."""
+        fresh = tuple(r for r in self._snapshot.fresh if r not in set(ranks))
+        if fresh != self._snapshot.fresh:
+            self._publish(fresh=fresh, **({} if fresh else {"note": ""}))
 
     def _phase(self) -> str:
         """What the lifecycle call in progress is doing, in words (``starting the controller``, ...)."""
@@ -349,7 +357,7 @@ class World:
         started = time.monotonic()
         self._set_rows(fresh_rows(self.spec, "starting"), phase="starting engines", message="",
                        engines_up=0, started_at=started, spec=spec, generation=self._snapshot.generation + 1, note="",
-                       waiting="")
+                       waiting="", fresh=())
         # a zygote of before that dies now costs only its own engines (the lost-engine check sees those)
         self._zygotes_before = self._health.pids_of("zygote")
         try:
@@ -483,7 +491,7 @@ class World:
                 raise self._interrupted("destroy", fresh=False) from None
             finally:
                 self._step = None
-            self._set_rows(self._snapshot.rows_now("destroyed"), phase="destroyed", message="", note="")
+            self._set_rows(self._snapshot.rows_now("destroyed"), phase="destroyed", message="", note="", fresh=())
 
     def _stop_pool(self, grace: float = 1.0) -> bool:
         """Stop everything this world started (SIGTERM, SIGKILL after ``grace`` s); True if Ctrl-C was
@@ -519,7 +527,7 @@ class World:
         with self._lock:
             phase = "stopping the engines and the controller"
             seen = self._stop_pool()
-            self._set_rows(self._snapshot.rows_now("destroyed"), phase="shut down", message="", note="")
+            self._set_rows(self._snapshot.rows_now("destroyed"), phase="shut down", message="", note="", fresh=())
             if seen:
                 raise Interrupted("shutdown", phase, "pgnb finished stopping them first: nothing is running")
 

@@ -246,7 +246,7 @@ class PgMagics(Magics):
     def pg_kill(self, line: str) -> None:
         """Kill a rank's engine (SIGKILL), as a crash would: for lessons in failure.
 
-        pgnb then reports the rank lost; `%pg_init ... --force` restarts the world."""
+        pgnb then reports the rank lost; the same `%pg_init` replaces it in place (the others keep their state)."""
         args = _parse(self.pg_kill, line)
         sb = self._world()
         if not (args.rank.isascii() and args.rank.isdigit()):

@@ -250,8 +250,8 @@ class StatusView(W.VBox):  # type: ignore[misc]  # ipywidgets has no type inform
                 parts.rows.append(W.HTML())
             rows = parts.rows[: len(snap.ranks)]
             for w, r in zip(rows, snap.ranks, strict=True):
-                w.value = _row_html(r)
-                w._dom_classes = _row_classes(r)
+                w.value = _row_html(r, r.rank in snap.fresh)
+                w._dom_classes = _row_classes(r, r.rank in snap.fresh)
             if list(parts.rows_box.children) != [parts.title, *rows]:
                 parts.rows_box.children = [parts.title, *rows]
             parts.message.value = _message_html(snap)
@@ -264,8 +264,8 @@ class StatusView(W.VBox):  # type: ignore[misc]  # ipywidgets has no type inform
         snap = self._shown
         why = html.escape(self.frozen)
         tip = html.escape(f"frozen: {self.frozen}; this view acts on no world now (%pg_status shows the current one)")
-        rows = "".join(f"<div class='{' '.join(_row_classes(r))}' style='{_ROW_STYLE}'>{_row_html(r)}</div>"
-                       for r in snap.ranks)
+        rows = "".join(f"<div class='{' '.join(_row_classes(r, r.rank in snap.fresh))}' style='{_ROW_STYLE}'>"
+                       f"{_row_html(r, r.rank in snap.fresh)}</div>" for r in snap.ranks)
         message = _message_html(snap)
         buttons = "".join(
             f"<button class='jupyter-button widget-button {cls}' disabled title='{tip}' style='{_BUTTON_STYLE}'>"
@@ -333,15 +333,18 @@ def _cells(values: list[str], bold: bool = False) -> str:
     return "".join(f"<span style='{style};width:{w}{weight}'>{v}</span>" for v, w in zip(values, _WIDTHS, strict=True))
 
 
-def _row_classes(r: RankStatus) -> tuple[str, ...]:
-    return ("pgnb-row", f"pgnb-rank-{r.rank}", f"pgnb-is-{r.state}")
+def _row_classes(r: RankStatus, fresh: bool = False) -> tuple[str, ...]:
+    return ("pgnb-row", f"pgnb-rank-{r.rank}", f"pgnb-is-{r.state}") + (("pgnb-fresh",) if fresh else ())
 
 
-def _row_html(r: RankStatus) -> str:
+def _row_html(r: RankStatus, fresh: bool = False) -> str:
     colour = STATE_COLOURS[r.state]
     # the dot is decoration; keep the state cell's text exactly the state for tests and screen readers
     state = (f"<span style='color:{colour}'>&#9679;</span> "
              f"<span class='pgnb-state' style='color:{colour};font-weight:bold'>{html.escape(r.state)}</span>")
+    if fresh:  # replaced or added beside ranks that kept their namespaces, until work is sent there
+        state += (" <span class='pgnb-fresh-tag' style='opacity:.7' title='started with an empty namespace; "
+                  "nothing has run here since'>fresh</span>")
     rank = str(r.rank)
     if r.launcher_rank is not None:  # MPI / Slurm numbered the process: show that torch agrees
         rank += (f" <span class='pgnb-launcher-rank' style='opacity:.7' title='rank given by the "

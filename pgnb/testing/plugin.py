@@ -311,8 +311,10 @@ def run_on_ranks(item: pytest.Function, spec: WorldSpec) -> None:
     verdict = decide(_rows(result), timeout)
     for leak in verdict.leaks:
         warnings.warn(WorldLeakWarning(f"{item.nodeid} {leak}"), stacklevel=1)
-    if verdict.dirty:
-        pool.recycle(spec)  # a rank is stuck, lost or out of step: new engines
+    if verdict.dirty and verdict.replace:
+        pool.repair(spec, verdict.replace)  # only these ranks lost or stuck: replaced in place, the rest kept
+    elif verdict.dirty:
+        pool.recycle(spec)  # a rank is out of step (or every rank is stuck): new engines
     elif verdict.kind == "failed":
         pool.refresh(spec)  # every rank is idle: a fresh process group is enough
     _outcome(item, verdict, debugging)

@@ -10,6 +10,7 @@ timeout after the first failure) come after it, marked as consequences.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,12 +44,33 @@ class Verdict:
     message: str = ""  # a skip or xfail reason; a failure's first line
     report: str = ""  # a failure's full text, one section per failing rank
     leaks: list[str] = field(default_factory=list)  # "rank(s) ...: what was left", one per distinct leak
-    dirty: bool = False  # the world must be replaced before the next test
+    dirty: bool = False  # the world must be repaired or replaced before the next test
+    #: when ``dirty`` only because these ranks were lost or are stuck while the others are clean: replace just
+    #: them, in place (the others keep their engines and what the suite imported); empty: a new world
+    replace: list[int] = field(default_factory=list)
     outputs: dict[int, str] = field(default_factory=dict)  # passing ranks' output, rank -> text
 
 
 def decide(rows: list[RankRow], timeout: float | None) -> Verdict:
     """The test's verdict from every rank's row (in rank order)."""
+    verdict = _decide(rows, timeout)
+    return dataclasses.replace(verdict, replace=_to_replace(rows) if verdict.dirty else [])
+
+
+def _to_replace(rows: list[RankRow]) -> list[int]:
+    """The ranks to replace in place: lost, or with a thread still in the test; [] when another rank is out
+    of step too (a different group count, no reply for another reason, a group it destroyed) or none is left."""
+    broken = [r.rank for r in rows if (r.reply is None and r.state in ("lost", "still running"))
+              or (r.reply is not None and r.reply["outcome"] in ("timeout", "blocked"))]
+    kept = [r for r in rows if r.rank not in broken]
+    counts = {_reply(r).get("group_count") for r in kept}
+    if not broken or not kept or len(counts) > 1 or not all(r.reply is not None and r.reply.get("clean", True)
+                                                             for r in kept):
+        return []
+    return broken
+
+
+def _decide(rows: list[RankRow], timeout: float | None) -> Verdict:
     leaks = _leaks(rows)
     replies = {r.rank: r.reply for r in rows if r.reply is not None}
     counts = {rep.get("group_count") for rep in replies.values()}
@@ -85,8 +107,9 @@ def _failure(rows: list[RankRow], outcomes: dict[int, str], timeout: float | Non
     timed_out = [r for r in rows if outcomes[r.rank] == "timeout" or (r.reply is None and r.state == "still running")]
     if not causes and timed_out:
         secs = f"{timeout:g} s " if timeout else ""
-        head = (f"the test ran past its {secs}timeout on {ranks_text([r.rank for r in timed_out])}; "
-                "pgnb replaced the world (stacks below)")
+        replaced = _to_replace(rows)
+        head = (f"the test ran past its {secs}timeout on {ranks_text([r.rank for r in timed_out])}; pgnb replaced "
+                f"{f'{ranks_text(replaced)} in place' if replaced else 'the world'} (stacks below)")
         sections = [_section_text(r, "still running at the timeout") for r in rows if r in timed_out]
         sections += [_section_text(r, _label(r)) for r in rows if r not in timed_out and _shown(r)]
         return Verdict("failed", head, head + "\n\n" + "\n\n".join(sections), leaks, dirty)

@@ -6,7 +6,9 @@ it; later asks with the same options get the same warm world, across tests,
 modules and classes. A test that failed, hung or left the world unusable
 ``recycle``s it: the next ask starts a fresh one (and shuts the retired one
 down first). A test that failed but left every rank idle only needs a fresh
-process group on the same engines: ``refresh``. ``close`` stops them all (the end of a pytest session).
+process group on the same engines: ``refresh``. A test that lost a rank, or left one
+stuck, while the others are clean costs only those ranks: ``repair`` replaces them in
+place. ``close`` stops them all (the end of a pytest session).
 
 A world a test failed on is ``suspect``: before its next test, ``get`` (and the
 runners of torch's suites, through ``healthy``) probe it (``pgnb.rank.probe``:
@@ -53,6 +55,7 @@ class WorldPool:
         self._retired: list[Sandbox] = []
         self.starts = 0  # how many worlds this pool started (a test's report says when it paid for one)
         self._suspects: set[int] = set()  # id() of worlds a test failed on: probed before their next test
+        self._repairs: dict[WorldKey, list[int]] = {}  # ranks to replace in place before a world's next test
         #: called with each world once this pool has started it, and with each before it is shut down
         #: (pytest-cov's measurement of the ranks, ``pgnb.testing.coverage``)
         self.on_start: list[Callable[[Sandbox], None]] = []
@@ -72,7 +75,7 @@ class WorldPool:
         key = options if isinstance(options, WorldSpec) else self.key(options)
         self._stop_retired()
         sb = self._worlds.get(key)
-        if sb is not None and not self.healthy(sb):
+        if sb is not None and not (self._repaired(key, sb) and self.healthy(sb)):
             self.recycle(key)
             self._stop_retired()
             sb = None
@@ -122,6 +125,7 @@ class WorldPool:
         if isinstance(key, Sandbox):
             key = next((k for k, v in self._worlds.items() if v is key), key.spec)
         sb = self._worlds.pop(key, None)
+        self._repairs.pop(key, None)
         if sb is not None:
             self._suspects.discard(id(sb))
             self._retired.append(sb)
@@ -153,6 +157,24 @@ class WorldPool:
             self.recycle(key)
             return
         self.suspect(sb)  # a test failed on it: probed before the next test
+
+    def repair(self, key: WorldKey, ranks: list[int]) -> None:
+        """Replace these ranks in place (lost, or a thread of theirs stuck in a test) at the next ``get``: the
+        others keep their engines and what they imported. A world that cannot be repaired is recycled."""
+        if key in self._worlds:
+            self._repairs[key] = sorted({*self._repairs.get(key, ()), *ranks})
+
+    def _repaired(self, key: WorldKey, sb: Sandbox) -> bool:
+        ranks = self._repairs.pop(key, None)
+        if ranks is None:
+            return True
+        try:
+            sb.init(replace=ranks)
+        except Exception as e:
+            _log.debug("replacing ranks %s in place: %s", ranks, e)
+            return False
+        self.suspect(sb)  # probed now, before the test
+        return True
 
     def worlds(self) -> dict[WorldKey, Sandbox]:
         """The warm worlds now, by configuration (a copy)."""
