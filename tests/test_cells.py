@@ -331,3 +331,42 @@ def test_trim_stack_keeps_the_cell_and_what_it_called():
         '  File "/v/lib/python3.11/site-packages/IPython/core/interactiveshell.py", line 3823 in run_code\n'
     )
     assert trim_stack(ending) == ([], "")
+
+
+def test_the_users_own_files_show_their_line_and_source(tmp_path):
+    """A hang in the user's own module (a test file, the project under test) names its line and source, in a
+    stack and in a traceback; installed libraries keep only file and function."""
+    import threading
+
+    mine = tmp_path / "my_training.py"
+    mine.write_text("import time\n\n\ndef wait_for_data():\n    time.sleep(3600)\n")
+    dump = (
+        "Current thread 0x00007f0000000002 (most recent call first):\n"
+        f'  File "{threading.__file__}", line 320 in wait\n'  # Python's own: no line
+        f'  File "{mine}", line 5 in wait_for_data\n'
+        '  File "/tmp/ipykernel_1/11.py", line 2 in <module>\n'
+        '  File "/v/lib/python3.11/site-packages/IPython/core/interactiveshell.py", line 3823 in run_code\n'
+    )
+    lines, _ = trim_stack(dump, "import my_training\nmy_training.wait_for_data()\n")
+    assert lines[2:] == ["  my_training.py, line 5, in wait_for_data", "    time.sleep(3600)",
+                         "  threading.py, in wait"], lines
+
+    import sys
+
+    from pgnb.rank.cell import plain_traceback
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        mine.write_text("def broken():\n    raise ValueError('no data')\n")
+        import importlib
+
+        module = importlib.import_module("my_training")
+        try:
+            module.broken()
+        except ValueError as e:
+            text = plain_traceback(e, None)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_training", None)
+    assert text[-3:] == ["  my_training.py, line 2, in broken", "    raise ValueError('no data')",
+                         "ValueError: no data"], text

@@ -15,6 +15,7 @@ skips the rest of the class), and so does a hung one.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import textwrap
 import time
@@ -319,7 +320,9 @@ def test_continuous_failure_and_hang_cost_only_their_test(pytester: pytest.Pytes
     assert 'File "test_continuous.py", line 20, in test_2_rank_1_fails' in out, out
     # the hang: its timeout, every rank's stack, a fresh world for the next test
     assert "the test ran past its 5 s timeout on ranks 0, 1; pgnb replaced the world" in out, out
-    assert "in recv" in out and out.count("test_continuous.py, in test_1_hangs") >= 2, out  # both ranks' stacks
+    assert "in recv" in out, out  # both ranks' stacks, the test file's frames with their line and source
+    assert re.search(r"test_continuous.py, line 38, in test_1_hangs\n\W*dist.recv\(torch.zeros\(1\), src=1\)", out), out
+    assert re.search(r"test_continuous.py, line 40, in test_1_hangs\n\W*time.sleep\(600\)", out), out
     assert wall < 120, f"{wall:.0f} s: a failure or a hang cost more than its own test"
 
 

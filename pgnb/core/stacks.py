@@ -6,7 +6,8 @@ rank answers, so it does even while the rank is blocked inside a gloo
 collective (which ignores SIGINT). The stack is trimmed to the frames that
 matter: the cell's own code and what it called. Library frames are shown as
 tracebacks show them (``pgnb.rank.cell.plain_traceback``): file and function,
-no line number or source line, which change with every torch release.
+no line number or source line, which change with every torch release. Frames of
+the user's own files (a test file, the project under test) get both.
 
 Asking never holds the kernel up, whatever the rank does: a rank that holds
 the GIL (native code that never releases it) cannot answer, so the request is
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 from .._wire import stack_file, stack_socket
 from ..rank import trace as rank_trace
-from ..rank.cell import short_path
+from ..rank.cell import short_path, users_file
 from .remote import is_local
 from .rendezvous import EngineInfo
 from .waiting import poll_until
@@ -239,7 +240,7 @@ def _source_line(path: str, line: int, cell_file: str, code: str) -> str:
     if path == cell_file:
         lines = code.splitlines()
         return lines[line - 1].strip() if 0 < line <= len(lines) else ""
-    if _CELL_FILE.search(path):
+    if _CELL_FILE.search(path) or users_file(path):
         return linecache.getline(path, line).strip()
     return ""  # a library's source line changes between its releases, like its line number
 
@@ -250,4 +251,6 @@ def _frame_text(path: str, line: int, func: str, cell_file: str) -> str:
         return f"  Cell, line {line}{where}"
     if _CELL_FILE.search(path):
         return f"  Earlier cell, line {line}{where}"
+    if users_file(path):  # a test file, the project under test: the reader needs the line
+        return f"  {short_path(path)}, line {line}{where}"
     return f"  {short_path(path)}{where}"

@@ -174,8 +174,8 @@ def clean_message(text: str) -> str:
 def plain_traceback(exc: BaseException, shell: Any) -> list[str]:
     """The traceback trimmed to the user's code, the same text on every run and machine.
 
-    Cell frames show their line and source; library frames show only where
-    (no line numbers, no absolute paths: they differ between installs).
+    Cell frames and the user's own files' (``users_file``) show their line and source; library
+    frames show only where (no line numbers, no absolute paths: they differ between installs).
     IPython's own frames above the cell are dropped.
     """
     import traceback
@@ -185,8 +185,9 @@ def plain_traceback(exc: BaseException, shell: Any) -> list[str]:
     first = next((i for i, f in enumerate(frames) if f.filename in cells), 0)
     lines = ["Traceback (most recent call last):"] if frames[first:] else []
     for f in frames[first:]:
-        if f.filename in cells:
-            lines.append(f"  Cell, line {f.lineno}, in {f.name}")
+        mine = f.filename not in cells and users_file(f.filename)
+        if f.filename in cells or mine:
+            lines.append(f"  {short_path(f.filename) if mine else 'Cell'}, line {f.lineno}, in {f.name}")
             if f.line:
                 lines.append(f"    {f.line.strip()}")
         else:
@@ -209,6 +210,19 @@ def short_path(filename: str) -> str:
     if filename.startswith(stdlib + "/"):
         return filename[len(stdlib) + 1:]
     return os.path.basename(filename)
+
+
+def users_file(filename: str) -> bool:
+    """A file of the user's own (a test file, the project under test): not an installed package's, not
+    Python's, not pgnb's, not a cell's. Its frames get their line and source: the user can read them."""
+    if filename.startswith("<") or "/ipykernel_" in filename or any(
+            m in filename for m in ("site-packages/", "dist-packages/")) or re.search(r"/lib/python3\.\d+/", filename):
+        return False  # a package, a cell, or some Python's library (another host's install too)
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    owned = (paths["stdlib"], paths["platstdlib"], os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return not any(filename.startswith(p.rstrip("/") + "/") for p in owned)
 
 
 def pack_value(value: Any) -> PackedValue:
