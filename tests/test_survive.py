@@ -65,7 +65,8 @@ def assert_fresh(k, ranks: list[int]) -> None:
     assert (says in ex.text()) == bool(ranks), ex.text()
     assert ("replaced (empty namespace)" in ex.text()) == bool(ranks), ex.text()
     rows = k.execute("import pgnb\nprint(pgnb.current().snapshot().fresh)")
-    assert rows.text().strip() == str(tuple(ranks)), rows.text()
+    printed = "".join(o["text"] for o in rows.outputs if o["type"] == "stream")
+    assert printed.strip() == str(tuple(ranks)), rows.text()
 
 
 def reinit(k, line: str = INIT) -> tuple[str, float]:
