@@ -71,6 +71,20 @@ def test_close_arrivals_name_no_straggler_and_identical_calls_fold():
     assert all(s.last == 3 and s.slowest is None for s in tr.steps)  # rank 3 was last, by noise only
 
 
+def test_uneven_all_to_alls_fold_only_when_every_rank_sent_the_same_shapes():
+    """Two all_to_all_single with split sizes whose shapes differ are two lines, not one call ×2."""
+    rows = {0: (24, 22), 1: (24, 23)}
+    recs = {r: [x for i, n in enumerate(rows[r], 1)
+                for x in _call(i, "all_to_all_single", i + 0.01 * r, i + 0.05, shape=(n, 8), group=(0, 1),
+                               uneven=True)] for r in (0, 1)}
+    summary = _trace(recs).summary()
+    assert "#1  all_to_all_single(float32[24,8]," in summary and "#2  all_to_all_single(float32[22,8]," in summary
+    assert "×2" not in summary, summary
+    same = {r: [x for i in (1, 2) for x in _call(i, "all_to_all_single", i, i + 0.05, shape=(24, 8), group=(0, 1),
+                                              uneven=True)] for r in (0, 1)}
+    assert "#1-#2  all_to_all_single(float32[24,8], group=[0,1]) ×2" in _trace(same).summary()
+
+
 # The rule, both ways: a rank is named only when its gap is large against the noise measured in
 # the same cell, and never for a gap under STRAGGLER_FLOOR; the text carries no amount of time.
 def test_a_real_delay_is_named_on_a_noisy_machine():

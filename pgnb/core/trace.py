@@ -489,7 +489,11 @@ class Trace:
 
     def _step_key(self, step: Step) -> tuple[Any, ...]:
         first = next(iter(step.calls.values()))
-        return (first.signature(), first.via, step.group, step.slowest, all(c.finished for c in step.calls.values()))
+        # every rank's shapes: uneven collectives (all_to_all with split sizes) agree on dtypes only, and
+        # two of them with other shapes are not "the same call twice"
+        shapes = tuple(c.shapes() for c in step.calls.values()) if first.uneven else ()
+        return (first.signature(), shapes, first.via, step.group, step.slowest,
+                all(c.finished for c in step.calls.values()))
 
     def _timing(self, step: Step) -> str:
         if len(step.calls) < 2:
