@@ -72,6 +72,15 @@ def started_empty(before: list[int], now: list[int]) -> list[int]:
     return fresh if before and len(fresh) < len(now) else []
 
 
+def reinit_note(world_before: int | None, world: int, keep: bool, before: list[int],
+                now: list[int]) -> tuple[str, tuple[int, ...]]:
+    """What a re-init did to the namespaces, in one line, and the ranks it left fresh (``before`` and
+    ``now``: each rank's engine id; ``world_before`` None: a cold start)."""
+    resized = world_before not in (None, world) and not keep
+    return (resized_text(world_before, world) if resized and world_before is not None else kept_text(before, now),
+            tuple(started_empty(before, now)))
+
+
 def kept_text(before: list[int], now: list[int]) -> str:
     """After a re-init that kept engines (``before`` and ``now``: each rank's engine id), which ranks start
     empty and which kept theirs, in one line: ``rank 2 replaced (empty namespace); ranks 0, 1, 3 kept``;

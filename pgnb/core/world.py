@@ -44,7 +44,7 @@ from .rendezvous import EngineInfo, keep_rank_numbers
 from .rendezvous_run import Rendezvous
 from .snapshot import RankStatus, Snapshot, fresh_rows
 from .status import ask_ranks
-from .text import kept_text, ranks_text, resized_text, started_empty
+from .text import ranks_text, reinit_note
 
 STATUS_TIMEOUT = 5.0
 #: Cold starts of a controller that failed as it started (a process of it exited with status 1) before
@@ -187,10 +187,6 @@ class World:
         return self._health.lost_ranks(list(self._ranks), ranks)
 
     # ---- lifecycle ------------------------------------------------------
-    def start(self, force: bool = False) -> World:
-        """Start engines and initialise the world (a no-op if it already is)."""
-        return self.init(self.spec, force=force)
-
     def init(self, spec: WorldSpec | None = None, force: bool = False, keep: bool = False,
              replace: Iterable[int] = ()) -> World:
         """(Re-)initialise as ``spec``: same spec and healthy = no-op; ``force`` = restart engines; a lost
@@ -248,16 +244,13 @@ class World:
         self._spec_before = self.spec
         self.spec = spec
         self._init_world()
-        ids_before = [e.engine_id for e in self._previous]
-        kept = kept_text(ids_before, self.engine_ids)
-        self._publish(note=resized_text(before, spec.world) if before not in (None, spec.world) and not keep else kept,
-                      fresh=tuple(started_empty(ids_before, self.engine_ids)))
+        note, fresh = reinit_note(before, spec.world, keep, [e.engine_id for e in self._previous], self.engine_ids)
+        self._publish(note=note, fresh=fresh)
         return self
 
     def sent_to(self, ranks: Iterable[int]) -> None:
         """Work is going to ``ranks``: those among the fresh are fresh no more (with none left, nor is the note)."""
-        fresh = tuple(r for r in self._snapshot.fresh if r not in set(ranks))
-        if fresh != self._snapshot.fresh:
+        if (fresh := tuple(r for r in self._snapshot.fresh if r not in set(ranks))) != self._snapshot.fresh:
             self._publish(fresh=fresh, **({} if fresh else {"note": ""}))
 
     def _phase(self) -> str:
