@@ -4,7 +4,7 @@ Each notebook in ``notebooks/`` is replayed by ``pytest --nbval`` (strict: every
 stored ``text/plain`` and stream must come back the same) with the sanitizer
 pgnb ships, in a subprocess, as a user would run it (two notebooks at a time, see
 ``JOBS``). ``make test`` replays each notebook once, and twice in a row those of
-``TIMING_DEPENDENT``; ``make soak`` (``--run-slow``) replays every notebook twice.
+``TIMING_DEPENDENT`` and ``NEW_LESSONS``; ``make soak`` (``--run-slow``) replays every notebook twice.
 Byte-identical output across runs is asserted where it is made (test_cells, test_live,
 test_recorded_outputs, test_pg_kernel); the second replay is for what only a whole
 notebook shows. A deliberately broken copy must fail, so this suite cannot pass
@@ -53,6 +53,9 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 #: training loop's progress live while the ranks print (what reaches the kept output, and in which
 #: order, must not depend on when the live view samples).
 TIMING_DEPENDENT = {"06_failures", "08_watching_training"}
+#: Replayed twice in ``make test`` too: the newest lessons of the course, until their output has been seen
+#: stable over many runs (a second replay from a fresh kernel shows what one replay cannot).
+NEW_LESSONS = {"17_zero_stage_by_stage", "18_context_parallelism", "19_expert_parallelism"}
 #: Notebooks replayed at the same time. Each one mostly waits (rendezvous, timeouts, the kernel's
 #: round trips), so two at once roughly halve the wall time on 2 cores; each notebook's own runs
 #: still go one after the other, each from a fresh kernel. PGNB_NOTEBOOK_JOBS=1 replays them one by one.
@@ -193,11 +196,12 @@ def run_nbval(paths: list[Path], workdir: Path) -> tuple[subprocess.CompletedPro
 
 LESSONS = ("01_init_process_group", "02_collectives", "03_point_to_point", "04_groups", "05_ddp", "06_failures",
            "07_seeing_collectives", "08_watching_training", "09_data_parallel_by_hand", "10_communication_cost",
-           "11_device_mesh_dtensor", "12_fsdp2", "13_tensor_parallel", "14_pipeline_parallel")
+           "11_device_mesh_dtensor", "12_fsdp2", "13_tensor_parallel", "14_pipeline_parallel", "15_your_trainer",
+           "16_fault_tolerance", *sorted(NEW_LESSONS))
 
 
 def test_the_course_is_complete():
-    """The fourteen lessons are there (any later notebook is tested the same way)."""
+    """Every lesson is there (any later notebook is tested the same way)."""
     assert set(LESSONS) <= {p.stem for p in NOTEBOOKS}, NOTEBOOKS
 
 
@@ -281,7 +285,7 @@ def _replay_params() -> list:
     """Run 1 of every notebook; run 2 of the timing-dependent ones, and of every one under ``make soak``."""
     params = [pytest.param(1, path, id=f"run1-{path.stem}") for path in NOTEBOOKS]
     for path in NOTEBOOKS:
-        marks = () if path.stem in TIMING_DEPENDENT else (pytest.mark.slow,)
+        marks = () if path.stem in TIMING_DEPENDENT | NEW_LESSONS else (pytest.mark.slow,)
         params.append(pytest.param(2, path, id=f"run2-{path.stem}", marks=marks))
     return params
 
