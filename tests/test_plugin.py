@@ -294,7 +294,8 @@ def test_world_tests_in_one_session(pytester: pytest.Pytester) -> None:
     # a rank killed in a test costs only that rank: the next test runs on rank 0's same process, rank 1's new one
     died = _failure(junit, "test_a_rank_dies")
     assert died.startswith("rank 1 failed first: ") and "SIGKILL" in died.splitlines()[0], died
-    pids = {name: (pytester.path / f"pid-{name}").read_text() for name in ("before-0", "before-1", "after-0", "after-1")}
+    pids = {name: (pytester.path / f"pid-{name}").read_text()
+            for name in ("before-0", "before-1", "after-0", "after-1")}
     assert pids["after-0"] == pids["before-0"] and pids["after-1"] != pids["before-1"], pids
     # (the docs' example) rank 2 first, the others as consequences, each with its own section, in the junit XML
     raised = _failure(junit, "test_rank_2_raises")
