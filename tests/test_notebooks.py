@@ -55,7 +55,8 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 TIMING_DEPENDENT = {"06_failures", "08_watching_training"}
 #: Replayed twice in ``make test`` too: the newest lessons of the course, until their output has been seen
 #: stable over many runs (a second replay from a fresh kernel shows what one replay cannot).
-NEW_LESSONS = {"17_zero_stage_by_stage", "18_context_parallelism", "19_expert_parallelism"}
+NEW_LESSONS = {"17_zero_stage_by_stage", "18_context_parallelism", "19_expert_parallelism", "20_dimensions_composed",
+               "21_testing_distributed_code", "22_debugger_panel"}
 #: Notebooks replayed at the same time. Each one mostly waits (rendezvous, timeouts, the kernel's
 #: round trips), so two at once roughly halve the wall time on 2 cores; each notebook's own runs
 #: still go one after the other, each from a fresh kernel. PGNB_NOTEBOOK_JOBS=1 replays them one by one.
