@@ -84,8 +84,10 @@ def load_ipython_extension(ip: Any) -> None:
     """``%load_ext pgnb``: register the magics on this shell (and, in a kernel with a debugger, JupyterLab's
     Debugger panel reaches the ranks of ``%%pg`` cells)."""
     from .debugger import install
+    from .notebook.exit import stop_worlds_when_exiting
     from .notebook.magics import PgMagics
     from .notebook.mcp import McpMagics
 
+    stop_worlds_when_exiting(ip)
     ip.register_magics(PgMagics(ip, panel=install(ip)))
     ip.register_magics(McpMagics(ip))

@@ -277,8 +277,9 @@ setattr(Sandbox.__init__, "__signature__", keywords_signature(Sandbox.__init__))
 
 
 @atexit.register
-def _shutdown_all() -> None:
-    """At the interpreter's exit (a kernel shut down) every Sandbox still running is shut down."""
+def shutdown_all() -> None:
+    """Shut down every Sandbox still running: at the interpreter's exit, and as soon as a kernel is asked to
+    shut down (``pgnb.notebook.exit``)."""
     for sb in list(_LIVE):
         with contextlib.suppress(Exception):
             sb.shutdown()
