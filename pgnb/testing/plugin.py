@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from . import keeper
+
 if TYPE_CHECKING:
     from ..core.sandbox import Sandbox
     from ..spec import WorldSpec
@@ -53,7 +55,7 @@ _COUNT = pytest.StashKey[int]()
 _START_ERROR = pytest.StashKey[str]()  # the test's world did not start
 _DRIVEN = pytest.StashKey[bool]()  # a collected test drives its world from here (pgnb_world)
 #: ``pytest --pgnb-torch``: torch's MultiProcessTestCase suites on warm ranks (its hooks, registered with this plugin)
-pytest_plugins = ["pgnb.testing.torch_suites"]
+pytest_plugins = ["pgnb.testing.torch_suites", "pgnb.testing.keep"]
 
 
 class WorldLeakWarning(UserWarning):
@@ -85,16 +87,26 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     pool = config.stash.get(_POOL, None)
-    if pool is not None:
+    if pool is None:
+        return
+    if pool is keeper.pool:  # --pgnb-keep: the worlds wait for the next run (those a failure retired stop now)
+        pool.stop_retired()
+    else:
         pool.close()
 
 
 def world_pool(config: pytest.Config) -> WorldPool:
-    """This pytest process's warm worlds (made on first use; closed when the session ends)."""
+    """This pytest process's warm worlds (made on first use; closed when the session ends, or kept for the
+    next run in ``--pgnb-keep``'s kept process)."""
     pool = config.stash.get(_POOL, None)
     if pool is None:
         from .worlds import WorldPool
 
+        if keeper.root is not None:
+            if keeper.pool is None:
+                keeper.pool = WorldPool()
+            pool = config.stash[_POOL] = keeper.pool
+            return pool
         pool = config.stash[_POOL] = WorldPool()
         if _measured(config):  # pytest-cov measures this run: the ranks too
             from .coverage import measure

@@ -73,11 +73,11 @@ class WorldPool:
         a world that failed to start is not kept.
         """
         key = options if isinstance(options, WorldSpec) else self.key(options)
-        self._stop_retired()
+        self.stop_retired()
         sb = self._worlds.get(key)
         if sb is not None and not (self._repaired(key, sb) and self.healthy(sb)):
             self.recycle(key)
-            self._stop_retired()
+            self.stop_retired()
             sb = None
         if sb is not None:
             if not sb.is_initialized:  # torch's suites destroy its group (pgnb.testing.torch_suites): ~70 ms
@@ -130,7 +130,8 @@ class WorldPool:
             self._suspects.discard(id(sb))
             self._retired.append(sb)
 
-    def _stop_retired(self) -> None:
+    def stop_retired(self) -> None:
+        """Shut down the retired worlds now."""
         while self._retired:
             sb = self._retired.pop()
             for hook in self.on_stop:
@@ -184,4 +185,4 @@ class WorldPool:
         """Shut every world down (idempotent)."""
         for key in list(self._worlds):
             self.recycle(key)
-        self._stop_retired()
+        self.stop_retired()

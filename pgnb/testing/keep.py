@@ -1,0 +1,169 @@
+"""``pytest --pgnb-keep``: hand the run to this project's kept pytest process (``pgnb.testing.keeper``).
+
+The client's side, run before collection (``pytest_cmdline_main``): find the keeper of this user, project
+and interpreter by its socket, start one if there is none (the first run pays its start, then keeps it),
+hand it the run (arguments, directory, environment, and the terminal as file descriptors), forward a
+Ctrl-C, and exit with the keeper's exit status. A run that cannot be handed over (``-n`` workers, ``--cov``,
+the keeper busy with another run) runs here, as without the option, after one line that says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from . import keeper
+
+OPTION = "--pgnb-keep"
+INI = "pgnb_keep"
+IDLE_INI = "pgnb_keep_idle"
+#: Seconds a kept process waits for its next run before it ends (and stops its worlds).
+DEFAULT_IDLE = 600.0
+#: Seconds a new keeper may take to import torch and listen.
+START_TIMEOUT = 120.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("pgnb").addoption(
+        OPTION, action="store_true", dest="pgnb_keep", default=False,
+        help="hand the run to this project's kept pytest process (torch imported, worlds warm; started by the "
+             f"first run, ended after {IDLE_INI} idle seconds)")
+    parser.addini(INI, f"as {OPTION}", type="bool", default=False)
+    parser.addini(IDLE_INI, f"seconds a kept pytest process waits for a run before it ends (default {DEFAULT_IDLE:g})",
+                  default="")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    if keeper.root is not None or hasattr(config, "workerinput"):
+        return None  # the keeper's own run, or a pytest-xdist worker's (its controller ran here)
+    if not (config.getoption("pgnb_keep", False) or config.getini(INI)):
+        return None
+    why_not = _why_not_kept(config)
+    if why_not:
+        sys.stderr.write(f"pgnb: {OPTION}: this run is not handed to a kept process ({why_not}); it runs here\n")
+        return None
+    return hand_over(config)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if keeper.root is None:
+        return None
+    return f"pgnb: kept process {os.getpid()}, run {keeper.runs}; the project's modules imported anew"
+
+
+def _why_not_kept(config: pytest.Config) -> str:
+    if getattr(config.option, "numprocesses", None):
+        return "pytest-xdist's workers each keep their own worlds"
+    if getattr(config.option, "cov_source", None) and not getattr(config.option, "no_cov", False):
+        return "--cov measures the pytest process it started in"
+    return ""
+
+
+def hand_over(config: pytest.Config) -> int | None:
+    """Run this pytest in the kept process; its exit status (None: it could not be handed over, run here)."""
+    root = str(config.rootpath)
+    folder = _own_folder()
+    if isinstance(folder, str) and folder.startswith("!"):
+        sys.stderr.write(f"pgnb: {OPTION}: {folder[1:]}; this run runs here\n")
+        return None
+    name = hashlib.sha256(f"{os.path.realpath(root)}\0{sys.executable}".encode()).hexdigest()[:16]
+    path = os.path.join(folder, f"{name}.sock")
+    lock = os.path.join(folder, f"{name}.lock")
+    with open(lock, "a") as held:
+        try:  # one run at a time: held by the client whose run the keeper runs
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            sys.stderr.write(f"pgnb: {OPTION}: the kept process is running another run; this run runs here\n")
+            return None
+        conn = _connect(path) or _start(path, root, _idle(config), os.path.join(folder, f"{name}.log"))
+        if conn is None:
+            sys.stderr.write(f"pgnb: {OPTION}: the kept process did not start (see {folder}); this run runs here\n")
+            return None
+        with conn:
+            return _run(conn, config)
+
+
+def _own_folder() -> str:
+    """The folder of this user's keepers' sockets (0700, this user's), made if need be; ``!why`` if unusable."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    folder = os.path.join(base, f"pgnb-keep-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        return f"!{folder} is not a folder only this user can open"
+    return folder
+
+
+def _idle(config: pytest.Config) -> float:
+    value = config.getini(IDLE_INI)
+    try:
+        return float(value) if value else DEFAULT_IDLE
+    except ValueError:
+        raise pytest.UsageError(f"{IDLE_INI} must be a number of seconds, not {value!r}") from None
+
+
+def _connect(path: str) -> socket.socket | None:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):  # none, or a stale socket: its keeper is gone
+        conn.close()
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.exists(path):
+                os.unlink(path)
+        return None
+    return conn
+
+
+def _start(path: str, root: str, idle: float, log: str) -> socket.socket | None:
+    """Start a keeper for this project and connect to it once it listens (it imports torch first)."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pgnb.testing.keeper", "--socket", path, "--root", root, "--idle", str(idle)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
+    sys.stderr.write(f"pgnb: {OPTION}: started a kept pytest process (pid {proc.pid}) for {root}; "
+                     f"it ends after {idle:g} s without a run\n")
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None:
+        if os.path.exists(path) and (conn := _connect(path)) is not None:
+            return conn
+        time.sleep(0.05)
+    return None
+
+
+def _run(conn: socket.socket, config: pytest.Config) -> int:
+    request = {"args": [str(a) for a in config.invocation_params.args], "cwd": os.getcwd(), "env": dict(os.environ)}
+    keeper.send_message(conn, request, list(range(keeper.FDS)))
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall(b"interrupt")
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        while True:
+            try:
+                reply: dict[str, Any] = keeper.receive_message(conn)[0]
+                return int(reply["exit"])
+            except InterruptedError:
+                continue
+            except (EOFError, OSError, KeyError, ValueError):
+                sys.stderr.write(f"pgnb: {OPTION}: the kept process ended during the run\n")
+                return int(pytest.ExitCode.INTERNAL_ERROR)
+    finally:
+        signal.signal(signal.SIGINT, previous)
