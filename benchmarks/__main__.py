@@ -55,15 +55,17 @@ def plan(quick: bool) -> dict[str, Any]:
                 "scale": {"worlds": [2, 8, 32], "cells": 5, "queries": 2},
                 "live": {"latency_lines": 40, "flood_rounds": 1, "cell_repeats": 10, "compute_seconds": 4.0},
                 "torch_suite": {"keyword": "CollectivesWorld2"}, "world_marker": {"trivial": 20},
-                "torch_distributed": {"sample": 10}, "torch_continuous": {}}
+                "torch_distributed": {"sample": 10}, "torch_continuous": {},
+                "inner_loop": {"rounds": 1}}
     return {"warmup": True, "rounds": 3, "rounds_w8_local": 2, "cell_repeats": 60, "reinit_cycles": 4,
             "ar_rounds": 3, "sizes": [[1 << 20, 40, 5, 5], [1 << 24, 5, 2, 3]],
             "scale": {"worlds": [2, 4, 8, 16, 32, 64], "cells": 20, "queries": 5},
             "live": {"latency_lines": 60, "flood_rounds": 3, "cell_repeats": 30, "compute_seconds": 10.0},
-            "torch_suite": {}, "world_marker": {}, "torch_distributed": {}, "torch_continuous": {}}
+            "torch_suite": {}, "world_marker": {}, "torch_distributed": {}, "torch_continuous": {},
+            "inner_loop": {"rounds": 2}}
 
 #: The cases ``--only`` can name: torch's own suites, torch's harnesses vs --pgnb-torch (benchmarks/torch_harnesses.py)
-ONLY = ("torch_distributed", "torch_continuous")
+ONLY = ("torch_distributed", "torch_continuous", "inner_loop")
 
 
 def log(msg: str) -> None:
@@ -125,6 +127,9 @@ def harness_samples(p: dict[str, Any], only: list[str], sample: Any) -> None:
     if "torch_continuous" in only:
         log("MultiProcContinuousTest classes (worlds 1, 2 and 4): torch's continuous harness, then pytest --pgnb-torch")
         sample("torch_continuous", "torch_continuous", **p["torch_continuous"])
+    if "inner_loop" in only:
+        log("one DistributedTest test from the command line: torch's spawning, --pgnb-torch, --pgnb-keep twice")
+        sample("inner_loop", "inner_loop", **p["inner_loop"])
 
 
 # --------------------------------------------------------------------------- summary
@@ -258,6 +263,15 @@ def harness_rows(raw: dict[str, Any], row: Any) -> None:
         row("a trivial `MultiProcContinuousTest` test under `--pgnb-torch` (pytest's own time per test, median)",
             tc["trivial_median"], None, "s", "≤ 30 ms", tc["trivial_median"] <= 0.03,
             note=f"{tc['trivial_tests']} tests of one class at world 2, in the run above")
+    if raw.get("inner_loop"):
+        il = raw["inner_loop"][0]
+        m = il["median"]
+        runs = f"median of {il['rounds']} round{'s' if il['rounds'] > 1 else ''}, each from process start"
+        row("one `DistributedTest` test run again after touching its file, `pytest --pgnb-torch --pgnb-keep` "
+            "(the kept process's second run) vs torch's spawning", m["keep_second"], m["spawn"], "s", "≤ 0.5×",
+            il["second_ratio"] <= 0.5, note=f"{runs}; `--pgnb-torch` without the option: {m['cold']:.1f} s")
+        row("the same test's first `--pgnb-keep` run (nothing kept: it starts the kept process) vs torch's spawning",
+            m["keep_first"], m["spawn"], "s", "≤ 1×", il["first_ratio"] <= 1.0, note=runs)
 
 
 def scale_of(raw: dict[str, Any]) -> dict[int, dict[str, Any]]:

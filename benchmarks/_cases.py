@@ -27,6 +27,8 @@ Cases (see ``CASES``):
 - ``torch_distributed``, ``torch_continuous``: torch's ``DistributedTest`` suite under torch's spawning, and
   ``MultiProcContinuousTest`` classes under torch's continuous harness, each beside ``pytest --pgnb-torch``
   (``benchmarks/torch_harnesses.py``).
+- ``inner_loop``: one test of torch's ``DistributedTest`` suite from the command line: torch's spawning,
+  ``--pgnb-torch`` cold, and ``--pgnb-keep``'s first and second runs (``benchmarks/inner_loop.py``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ if __package__ in (None, ""):  # `python benchmarks/_cases.py`: make `benchmarks
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import baselines
+from benchmarks.inner_loop import inner_loop
 from benchmarks.slurm_cold import slurm_cold
 from benchmarks.torch_harnesses import torch_continuous, torch_distributed
 from benchmarks.torch_suite import torch_suite
@@ -585,6 +588,7 @@ CASES: dict[str, Callable[..., dict[str, Any]]] = {
     "torch_continuous": torch_continuous,
     "world_marker": world_marker,
     "slurm_cold": slurm_cold,
+    "inner_loop": inner_loop,
 }
 
 

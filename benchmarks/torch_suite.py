@@ -47,9 +47,10 @@ def verdicts(junit_xml: str) -> dict[str, dict[str, Any]]:
 
 
 def run_suite(pgnb: bool, keyword: str = "", suite: str | list[str] = SUITE,
-              timeout: float = RUN_TIMEOUT) -> dict[str, Any]:
+              timeout: float = RUN_TIMEOUT, extra: tuple[str, ...] = (),
+              env: dict[str, str] | None = None) -> dict[str, Any]:
     """One pytest run of the suite (a path, or node ids) in a fresh interpreter: its wall time and every
-    test's verdict."""
+    test's verdict (``extra``: more options; ``env``: its environment)."""
     fd, junit = tempfile.mkstemp(prefix="pgnb-bench-suite-", suffix=".xml")
     os.close(fd)
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", junit,
@@ -58,9 +59,10 @@ def run_suite(pgnb: bool, keyword: str = "", suite: str | list[str] = SUITE,
         args.append("--pgnb-torch")
     if keyword:
         args += ["-k", keyword]
+    args += extra
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
         wall = time.perf_counter() - t0
         found = verdicts(junit) if os.path.getsize(junit) else {}
     finally:
@@ -71,7 +73,7 @@ def run_suite(pgnb: bool, keyword: str = "", suite: str | list[str] = SUITE,
     per_test = [v["seconds"] for v in found.values()]
     return {"wall": wall, "returncode": proc.returncode, "verdicts": found, "tests": len(found),
             "per_test_median": statistics.median(per_test), "per_test_max": max(per_test),
-            "tail": (proc.stdout + proc.stderr)[-1500:]}
+            "tail": (proc.stdout + proc.stderr)[-1500:], "stderr": proc.stderr[-1500:]}
 
 
 def torch_suite(keyword: str = "") -> dict[str, Any]:

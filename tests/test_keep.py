@@ -36,6 +36,10 @@ def test_value(rank):
     assert VALUE == 1
 
 
+def test_plain():  # no world: what a run that is not handed over runs here, quickly
+    pass
+
+
 @pytest.mark.world(2, timeout=60)
 def test_sleeps(rank):
     if os.path.exists(os.path.join(OUT, "sleep")):
@@ -117,7 +121,7 @@ def test_runs_share_a_kept_process_and_its_world_and_see_each_edit(tmp_path):
         (project / "out" / "sleep").touch()
         sleeper = start(project, env, "-k", "test_sleeps")
         wait_for(project / "out" / "sleeping0", sleeper)
-        code, out, err, _ = run(project, env, "-k", "test_value")
+        code, out, err, _ = run(project, env, "-k", "test_plain")
         assert "the kept process is running another run; this run runs here" in err, err
         assert code == 0 and "kept process" not in out, out + err
 
@@ -146,7 +150,7 @@ def test_runs_share_a_kept_process_and_its_world_and_see_each_edit(tmp_path):
         assert list(folder.glob("*.sock")) == []
 
         # a run that cannot be handed over says why in one line and runs here
-        code, out, err, _ = run(project, env, "-k", "test_value", "-p", "xdist", "-n", "1")
+        code, out, err, _ = run(project, env, "-k", "test_plain", "-p", "xdist", "-n", "1")
         assert "pytest-xdist's workers each keep their own worlds" in err, err
         assert code == 0, out + err
     finally:
