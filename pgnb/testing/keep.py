@@ -1,10 +1,11 @@
 """``pytest --pgnb-keep``: hand the run to this project's kept pytest process (``pgnb.testing.keeper``).
 
 The client's side, run before collection (``pytest_cmdline_main``): find the keeper of this user, project
-and interpreter by its socket, start one if there is none (the first run pays its start, then keeps it),
-hand it the run (arguments, directory, environment, and the terminal as file descriptors), forward a
-Ctrl-C, and exit with the keeper's exit status. A run that cannot be handed over (``-n`` workers, ``--cov``,
-the keeper busy with another run) runs here, as without the option, after one line that says why.
+and interpreter by its socket, hand it the run (arguments, directory, environment, and the terminal as
+file descriptors), forward a Ctrl-C, and exit with the keeper's exit status. With no keeper yet, the run
+runs here, cold, as without the option; when it ends (its worlds stopped), it starts the keeper, which
+imports torch and starts the worlds this run used while the developer edits. A run that cannot be handed
+over (``-n`` workers, ``--cov``, the keeper busy with another run) runs here after one line that says why.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -19,7 +21,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from types import FrameType
 from typing import Any
 
@@ -32,8 +33,8 @@ INI = "pgnb_keep"
 IDLE_INI = "pgnb_keep_idle"
 #: Seconds a kept process waits for its next run before it ends (and stops its worlds).
 DEFAULT_IDLE = 600.0
-#: Seconds a new keeper may take to import torch and listen.
-START_TIMEOUT = 120.0
+_KEEPER = pytest.StashKey[tuple[str, str, float]]()  # a cold run's: the kept process to start when it ends
+_WARM = pytest.StashKey[dict[str, Any]]()  # what that process starts before the next run: worlds, preloads
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,9 +55,28 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         return None
     why_not = _why_not_kept(config)
     if why_not:
-        sys.stderr.write(f"pgnb: {OPTION}: this run is not handed to a kept process ({why_not}); it runs here\n")
+        _here(why_not)
         return None
-    return hand_over(config)
+    folder = _own_folder()
+    if folder.startswith("!"):
+        _here(folder[1:])
+        return None
+    name = hashlib.sha256(f"{os.path.realpath(config.rootpath)}\0{sys.executable}".encode()).hexdigest()[:16]
+    path = os.path.join(folder, f"{name}.sock")
+    with open(os.path.join(folder, f"{name}.lock"), "a") as held:
+        try:  # one run at a time: held by the client whose run the keeper runs
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _here("the kept process is running another run")
+            return None
+        conn = _connect(path)
+        if conn is None:  # this run is the cold one; the kept process starts when it ends (_start_keeper)
+            config.stash[_KEEPER] = (path, os.path.join(folder, f"{name}.log"), _idle(config))
+            sys.stderr.write(f"pgnb: {OPTION}: nothing kept for this project yet: this run runs here, and "
+                             "leaves a kept process warm for the next\n")
+            return None
+        with conn:
+            return _run(conn, config)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -73,28 +93,38 @@ def _why_not_kept(config: pytest.Config) -> str:
     return ""
 
 
-def hand_over(config: pytest.Config) -> int | None:
-    """Run this pytest in the kept process; its exit status (None: it could not be handed over, run here)."""
-    root = str(config.rootpath)
-    folder = _own_folder()
-    if isinstance(folder, str) and folder.startswith("!"):
-        sys.stderr.write(f"pgnb: {OPTION}: {folder[1:]}; this run runs here\n")
-        return None
-    name = hashlib.sha256(f"{os.path.realpath(root)}\0{sys.executable}".encode()).hexdigest()[:16]
-    path = os.path.join(folder, f"{name}.sock")
-    lock = os.path.join(folder, f"{name}.lock")
-    with open(lock, "a") as held:
-        try:  # one run at a time: held by the client whose run the keeper runs
-            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            sys.stderr.write(f"pgnb: {OPTION}: the kept process is running another run; this run runs here\n")
-            return None
-        conn = _connect(path) or _start(path, root, _idle(config), os.path.join(folder, f"{name}.log"))
-        if conn is None:
-            sys.stderr.write(f"pgnb: {OPTION}: the kept process did not start (see {folder}); this run runs here\n")
-            return None
-        with conn:
-            return _run(conn, config)
+def _here(why: str) -> None:
+    sys.stderr.write(f"pgnb: {OPTION}: this run is not handed to a kept process ({why}); it runs here\n")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The worlds this cold run used, for the kept process to start before the next run asks for them."""
+    if _KEEPER in session.config.stash:
+        from ..core import cluster
+        from .plugin import pool_of
+
+        pool = pool_of(session.config)
+        worlds = [keeper.spec_options(key) for key in (pool.worlds() if pool is not None else ())]
+        session.config.stash[_WARM] = {"worlds": [w for w in worlds if w is not None],
+                                       "preload": list(cluster.ZYGOTE_PRELOAD)}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After this cold run's worlds stopped (no two worlds at once): start the kept process for the next run."""
+    started = config.stash.get(_KEEPER, None)
+    if started is None:
+        return
+    path, log, idle = started
+    warm: dict[str, Any] = config.stash.get(_WARM, {"worlds": [], "preload": []})
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pgnb.testing.keeper", "--socket", path, "--root", str(config.rootpath),
+             "--idle", str(idle), "--warm", json.dumps(warm)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=str(config.rootpath),
+            start_new_session=True)
+    sys.stderr.write(f"pgnb: {OPTION}: the kept process (pid {proc.pid}) warms up for the next run; it ends "
+                     f"after {idle:g} s without one\n")
 
 
 def _own_folder() -> str:
@@ -128,22 +158,6 @@ def _connect(path: str) -> socket.socket | None:
                 os.unlink(path)
         return None
     return conn
-
-
-def _start(path: str, root: str, idle: float, log: str) -> socket.socket | None:
-    """Start a keeper for this project and connect to it once it listens (it imports torch first)."""
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pgnb.testing.keeper", "--socket", path, "--root", root, "--idle", str(idle)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
-    sys.stderr.write(f"pgnb: {OPTION}: started a kept pytest process (pid {proc.pid}) for {root}; "
-                     f"it ends after {idle:g} s without a run\n")
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline and proc.poll() is None:
-        if os.path.exists(path) and (conn := _connect(path)) is not None:
-            return conn
-        time.sleep(0.05)
-    return None
 
 
 def _run(conn: socket.socket, config: pytest.Config) -> int:

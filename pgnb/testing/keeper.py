@@ -3,11 +3,12 @@
 A developer runs the same distributed test after every edit. Most of a cold run is fixed cost: Python's
 and pytest's start, importing torch and torch's test harness (in pytest's process and on every rank), and
 starting a world. The keeper pays it once. It is a process of its own (``python -m pgnb.testing.keeper``),
-started by the first ``--pgnb-keep`` run (``pgnb.testing.keep``), which imports torch, torch's test harness
-and pytest, then waits on a Unix socket. Each later ``pytest --pgnb-keep`` is a thin client: before its
-collection it hands its arguments, directory, environment and terminal (its stdin, stdout and stderr, as
-file descriptors) to the keeper, which runs ``pytest.main`` on them in its own process with its warm worlds,
-and answers the exit status.
+started when the first, cold ``--pgnb-keep`` run ends (``pgnb.testing.keep``). It listens on a Unix socket
+at once, imports torch, torch's test harness and pytest, and starts the worlds that run used, while the
+developer edits. Each later ``pytest --pgnb-keep`` is a thin client: before its collection it hands its
+arguments, directory, environment and terminal (its stdin, stdout and stderr, as file descriptors) to the
+keeper, which runs ``pytest.main`` on them in its own process with its warm worlds, and answers the exit
+status.
 
 - **The code as it is now**: before each run the keeper, and the ranks of every kept world, forget the
   modules of the project's own files (``pgnb.rank.project_code``): the run imports the test files and the
@@ -17,7 +18,7 @@ and answers the exit status.
 - **Nothing left for long**: it exits after ``idle`` seconds without a run (``pgnb_keep_idle``, default 600),
   stopping its worlds; killed, its worlds' reaper stops their processes (as when any pytest process dies);
   a client killed mid-run interrupts that run (as Ctrl-C would), and the next run finds the world probed or
-  replaced. A stale socket (the keeper is gone) is removed by the next client, which starts a new keeper.
+  replaced. A stale socket (the keeper is gone) is removed by the next client, whose run is a cold one again.
 - One run at a time: a client that finds the keeper busy runs in its own process, cold, and says so.
 """
 
@@ -39,6 +40,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..spec import WorldSpec
     from .worlds import WorldPool
 
 _log = logging.getLogger(__name__)
@@ -98,13 +100,19 @@ class Keeper:
         self.path, self.project, self.idle = path, project, idle
         self._running = threading.Event()
 
-    def serve(self) -> None:
+    def serve(self, warm: dict[str, Any]) -> None:
+        """Listen at once (a client that comes meanwhile waits in the queue), import what never changes, start
+        the worlds the cold run before used, then take runs until idle."""
         global root
         root = self.project
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            server.bind(self.path)
+            bound = f"{self.path}.{os.getpid()}"
+            server.bind(bound)
             server.listen(4)
+            os.replace(bound, self.path)  # the path appears listening: a client never meets it refusing
+            _preload()
+            _warm_up(warm)
             while select.select([server], [], [], self.idle)[0]:
                 conn, _ = server.accept()
                 with conn:
@@ -228,16 +236,48 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--socket", required=True, help="the Unix socket to listen on (its folder: 0700)")
     parser.add_argument("--root", required=True, help="the project's root: its modules are imported anew each run")
     parser.add_argument("--idle", type=float, default=600.0, help="seconds without a run before the keeper exits")
+    parser.add_argument("--warm", default="{}", help='JSON: {"worlds": [options, ...], "preload": [module, ...]}')
     args = parser.parse_args(argv)
     os.chdir(args.root)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _end)  # `kill PID`: the worlds stopped and the socket removed, as when idle
+    Keeper(args.socket, args.root, args.idle).serve(json.loads(args.warm))
+
+
+def _preload() -> None:
     started = time.monotonic()
     for name in PRELOAD:
         with contextlib.suppress(Exception):  # what is not installed is not needed
             __import__(name)
-    _log.debug("keeper ready in %.1f s", time.monotonic() - started)
-    Keeper(args.socket, args.root, args.idle).serve()
+    _log.info("imported %s in %.1f s", ", ".join(PRELOAD), time.monotonic() - started)
+
+
+def _warm_up(warm: dict[str, Any]) -> None:
+    """Start the worlds the cold run before used, their zygote importing what its ranks imported."""
+    global pool
+    if not warm.get("worlds"):
+        return
+    from ..core import cluster
+    from .worlds import WorldPool
+
+    pool = WorldPool()
+    cluster.ZYGOTE_PRELOAD[:] = list(warm.get("preload", []))
+    for options in warm["worlds"]:
+        try:
+            pool.get(options)
+        except Exception as e:  # the run that asks for it starts it, and says why it cannot
+            _log.warning("starting a world for the next run (%s): %s", options, e)
+    cluster.ZYGOTE_PRELOAD.clear()
+
+
+def spec_options(spec: WorldSpec) -> dict[str, Any] | None:
+    """The options that make ``spec`` (its non-default fields), as JSON can carry them; None if it cannot."""
+    from dataclasses import fields
+
+    options = {f.name: getattr(spec, f.name) for f in fields(spec) if getattr(spec, f.name) != f.default}
+    if any(not isinstance(v, (str, int, float, type(None))) for v in options.values()):
+        return None  # (a delayed rank: a lesson's world, not a test's)
+    return options
 
 
 if __name__ == "__main__":  # run as pgnb.testing.keeper, the module the plugin reads `root` and `pool` of

@@ -95,6 +95,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         pool.close()
 
 
+def pool_of(config: pytest.Config) -> WorldPool | None:
+    """This run's warm worlds, if it made any."""
+    return config.stash.get(_POOL, None)
+
+
 def world_pool(config: pytest.Config) -> WorldPool:
     """This pytest process's warm worlds (made on first use; closed when the session ends, or kept for the
     next run in ``--pgnb-keep``'s kept process)."""
