@@ -111,8 +111,11 @@ class Keeper:
             server.bind(bound)
             server.listen(4)
             os.replace(bound, self.path)  # the path appears listening: a client never meets it refusing
+            # the worlds start (their zygote importing torch) while this process imports it: two cores busy
+            warming = threading.Thread(target=_warm_up, args=(warm,), name="pgnb-keep-warm-up", daemon=True)
+            warming.start()
             _preload()
-            _warm_up(warm)
+            warming.join()
             while select.select([server], [], [], self.idle)[0]:
                 conn, _ = server.accept()
                 with conn:
