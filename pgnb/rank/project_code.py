@@ -32,8 +32,9 @@ def forget_project_modules(root: str) -> list[str]:
         if real.startswith(root) and not real.startswith(own) and not any(part in real for part in INSTALLED):
             del sys.modules[name]
             dropped.append(name)
-    loaded = getattr(sys.modules.get(f"{__package__}.testing"), "_LOADED", {})  # the world tests' own imports
-    for name in dropped:
-        loaded.pop(name, None)
+    testing = sys.modules.get(f"{__package__}.testing")  # loaded where world tests ran: their own imports
+    if testing is not None:
+        for name in dropped:
+            testing.forget_loaded(name)
     importlib.invalidate_caches()  # a file added since the last run is found
     return dropped

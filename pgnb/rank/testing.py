@@ -163,6 +163,11 @@ def _resolve(call: TestCall) -> Callable[..., Any]:
     return getattr(owner, parts[-1])  # type: ignore[no-any-return]
 
 
+def forget_loaded(name: str) -> None:
+    """The next test imports this module anew (``pgnb.rank.project_code``: its file may have changed)."""
+    _LOADED.pop(name, None)
+
+
 def _module(name: str, path: str, base: str) -> types.ModuleType:
     loaded = _LOADED.get(name) or sys.modules.get(name)
     if loaded is not None and os.path.realpath(getattr(loaded, "__file__", "") or "") == os.path.realpath(path):
