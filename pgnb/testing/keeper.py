@@ -98,7 +98,6 @@ class Keeper:
 
     def __init__(self, path: str, project: str, idle: float) -> None:
         self.path, self.project, self.idle = path, project, idle
-        self._running = threading.Event()
 
     def serve(self, warm: dict[str, Any]) -> None:
         """Listen at once (a client that comes meanwhile waits in the queue), import what never changes, start
@@ -116,12 +115,16 @@ class Keeper:
             warming.start()
             _preload()
             warming.join()
-            while select.select([server], [], [], self.idle)[0]:
-                conn, _ = server.accept()
-                with conn:
-                    if self._peer_uid(conn) != os.getuid():
-                        continue
-                    self._serve_one(conn)
+            while True:
+                try:
+                    if not select.select([server], [], [], self.idle)[0]:
+                        break  # idle
+                    conn, _ = server.accept()
+                    with conn:
+                        if self._peer_uid(conn) == os.getuid():
+                            self._serve_one(conn)
+                except KeyboardInterrupt:  # a client's Ctrl-C that came as its run ended: nothing to stop
+                    continue
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
@@ -156,10 +159,11 @@ class Keeper:
 
         global runs
         runs += 1
-        watcher = threading.Thread(target=self._watch, args=(conn,), name="pgnb-keep-client", daemon=True)
+        running = threading.Event()  # this run's: a watcher left from the run before never interrupts this one
+        watcher = threading.Thread(target=_watch, args=(conn, running), name="pgnb-keep-client", daemon=True)
         with _as_client(request, fds):
             forget_project_code(self.project)
-            self._running.set()
+            running.set()
             watcher.start()
             try:
                 args = list(request["args"])
@@ -167,23 +171,22 @@ class Keeper:
             except KeyboardInterrupt:
                 return int(pytest.ExitCode.INTERRUPTED)
             finally:
-                self._running.clear()
+                running.clear()
 
-    def _watch(self, conn: socket.socket) -> None:
-        """The client's Ctrl-C (or its end, killed) interrupts the run, as Ctrl-C would a pytest of its own."""
-        try:
-            while self._running.is_set():
-                if select.select([conn], [], [], 0.2)[0]:
-                    if not conn.recv(64, socket.MSG_PEEK):  # gone
-                        break
-                    conn.recv(64)  # "interrupt"
-                    break
-            else:
-                return
-        except OSError:
-            pass
-        if self._running.is_set():
-            os.kill(os.getpid(), signal.SIGINT)
+
+def _watch(conn: socket.socket, running: threading.Event) -> None:
+    """The client's Ctrl-C (or its end, killed) interrupts its run, as Ctrl-C would a pytest of its own."""
+    try:
+        while running.is_set():
+            if select.select([conn], [], [], 0.2)[0]:
+                conn.recv(64)  # b"interrupt", or b"" when the client is gone: either way, stop the run
+                break
+        else:
+            return
+    except OSError:
+        pass
+    if running.is_set():
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 def forget_project_code(project: str) -> None:
