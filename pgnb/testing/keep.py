@@ -70,7 +70,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
             _here("the kept process is running another run")
             return None
         conn = _connect(path)
-        if conn is None:  # this run is the cold one; the kept process starts when it ends (_start_keeper)
+        if conn is None:  # this run is the cold one; the kept process starts when it ends (pytest_unconfigure)
             config.stash[_KEEPER] = (path, os.path.join(folder, f"{name}.log"), _idle(config))
             sys.stderr.write(f"pgnb: {OPTION}: nothing kept for this project yet: this run runs here, and "
                              "leaves a kept process warm for the next\n")

@@ -109,6 +109,9 @@ class Keeper:
             bound = f"{self.path}.{os.getpid()}"
             server.bind(bound)
             server.listen(4)
+            if _answers(self.path):  # two cold runs at once each started a keeper: the first one serves
+                os.unlink(bound)
+                return
             os.replace(bound, self.path)  # the path appears listening: a client never meets it refusing
             # the worlds start (their zygote importing torch) while this process imports it: two cores busy
             warming = threading.Thread(target=_warm_up, args=(warm,), name="pgnb-keep-warm-up", daemon=True)
@@ -187,6 +190,15 @@ def _watch(conn: socket.socket, running: threading.Event) -> None:
         pass
     if running.is_set():
         os.kill(os.getpid(), signal.SIGINT)
+
+
+def _answers(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 def forget_project_code(project: str) -> None:
