@@ -105,13 +105,14 @@ class Keeper:
         global root
         root = self.project
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bound = f"{self.path}.{os.getpid()}"
+        server.bind(bound)
+        server.listen(4)
+        if _answers(self.path):  # two cold runs at once each started a keeper: the first one serves
+            os.unlink(bound)
+            server.close()
+            return
         try:
-            bound = f"{self.path}.{os.getpid()}"
-            server.bind(bound)
-            server.listen(4)
-            if _answers(self.path):  # two cold runs at once each started a keeper: the first one serves
-                os.unlink(bound)
-                return
             os.replace(bound, self.path)  # the path appears listening: a client never meets it refusing
             # the worlds start (their zygote importing torch) while this process imports it: two cores busy
             warming = threading.Thread(target=_warm_up, args=(warm,), name="pgnb-keep-warm-up", daemon=True)
