@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -92,9 +94,13 @@ def test_runs_share_a_kept_process_and_its_world_and_see_each_edit(tmp_path):
     project = tmp_path / "project"
     (project / "out").mkdir(parents=True)
     (project / "pytest.ini").write_text("[pytest]\npgnb_keep_idle = 120\n")
-    runtime = tmp_path / "run"
-    runtime.mkdir()
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "IPYTHONDIR": str(tmp_path / "ipython")}
+    # $XDG_RUNTIME_DIR too deep for a Unix socket's path (as pytest's tmp_path under xdist is): the sockets
+    # go to the temporary folder instead, here a short one of this test's own
+    runtime = Path(tempfile.mkdtemp(prefix="pgnb-k-", dir="/tmp"))
+    deep = tmp_path / ("d" * 60) / "run"
+    deep.mkdir(parents=True)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(deep), "TMPDIR": str(runtime),
+           "IPYTHONDIR": str(tmp_path / "ipython")}
     env.pop("PYTEST_ADDOPTS", None)
     write(project, 1)
     keepers: list[int] = []
@@ -167,6 +173,8 @@ def test_runs_share_a_kept_process_and_its_world_and_see_each_edit(tmp_path):
             if psutil.pid_exists(pid):
                 os.kill(pid, signal.SIGTERM)
         wait_gone(keepers, timeout=20)
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert not (deep / f"pgnb-keep-{os.getuid()}").exists()
 
 
 def test_the_option_is_documented():

@@ -33,6 +33,8 @@ INI = "pgnb_keep"
 IDLE_INI = "pgnb_keep_idle"
 #: Seconds a kept process waits for its next run before it ends (and stops its worlds).
 DEFAULT_IDLE = 600.0
+#: The longest path a Unix socket may have (Linux's sun_path, less its final NUL).
+MAX_SOCKET_PATH = 107
 _KEEPER = pytest.StashKey[tuple[str, str, float]]()  # a cold run's: the kept process to start when it ends
 _WARM = pytest.StashKey[dict[str, Any]]()  # what that process starts before the next run: worlds, preloads
 
@@ -57,11 +59,11 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     if why_not:
         _here(why_not)
         return None
-    folder = _own_folder()
+    name = hashlib.sha256(f"{os.path.realpath(config.rootpath)}\0{sys.executable}".encode()).hexdigest()[:16]
+    folder = _own_folder(f"{name}.sock")
     if folder.startswith("!"):
         _here(folder[1:])
         return None
-    name = hashlib.sha256(f"{os.path.realpath(config.rootpath)}\0{sys.executable}".encode()).hexdigest()[:16]
     path = os.path.join(folder, f"{name}.sock")
     with open(os.path.join(folder, f"{name}.lock"), "a") as held:
         try:  # one run at a time: held by the client whose run the keeper runs
@@ -127,16 +129,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
                      f"after {idle:g} s without one\n")
 
 
-def _own_folder() -> str:
-    """The folder of this user's keepers' sockets (0700, this user's), made if need be; ``!why`` if unusable."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    folder = os.path.join(base, f"pgnb-keep-{os.getuid()}")
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(folder, 0o700)
-    st = os.lstat(folder)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        return f"!{folder} is not a folder only this user can open"
-    return folder
+def _own_folder(socket_name: str) -> str:
+    """The folder of this user's kept processes' sockets (0700, this user's), made if need be: in
+    ``$XDG_RUNTIME_DIR``, else (or where a socket's path there would be too long) the temporary folder;
+    ``!why`` if there is none fit."""
+    bases = [base for base in (os.environ.get("XDG_RUNTIME_DIR"), tempfile.gettempdir()) if base]
+    for base in bases:
+        folder = os.path.join(base, f"pgnb-keep-{os.getuid()}")
+        if len(os.path.join(folder, socket_name)) + 12 > MAX_SOCKET_PATH:  # + the keeper's ".PID" while it binds
+            continue
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            return f"!{folder} is not a folder only this user can open"
+        return folder
+    return f"!no folder for its socket: {' and '.join(bases)} give paths too long for a Unix socket"
 
 
 def _idle(config: pytest.Config) -> float:
