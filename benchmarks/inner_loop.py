@@ -40,14 +40,14 @@ def inner_loop(rounds: int = 2) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="pgnb-bench-keep-") as runtime:
             env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
             first = _passed(run_suite(True, suite=[TEST], extra=KEEP, env=env))
-            found = re.search(r"started a kept pytest process \(pid (\d+)\)", first["stderr"])
+            found = re.search(r"the kept process \(pid (\d+)\) warms up", first["stderr"])
             if found is None:
                 raise RuntimeError(f"the first --pgnb-keep run started no kept process:\n{first['tail']}")
             keeper = int(found.group(1))
             try:
                 Path(ROOT, TEST.split("::")[0]).touch()  # an edit: the kept process imports it anew
                 second = _passed(run_suite(True, suite=[TEST], extra=KEEP, env=env))
-                if "started a kept pytest process" in second["stderr"]:
+                if "nothing kept for this project yet" in second["stderr"]:
                     raise RuntimeError(f"the second run did not find the kept process:\n{second['tail']}")
             finally:
                 _end(keeper)
