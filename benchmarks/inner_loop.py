@@ -6,7 +6,8 @@ What a developer feels after each edit: the whole ``pytest`` command, from proce
 - torch's spawning (plain ``pytest``);
 - ``pytest --pgnb-torch``, cold (a world started and stopped by the run);
 - ``pytest --pgnb-torch --pgnb-keep`` with no kept process yet (the run starts it: its first run);
-- the same again after touching the test file (the kept process's second run; the edit is seen).
+- the same again after touching the test file (the kept process's second run; the edit is seen): at once,
+  and, in a second pair of runs, ``pause`` seconds after the first (the kept process warms up meanwhile).
 
 Each round's keep runs use a runtime folder of their own, so the first finds nothing kept; the kept
 process is ended (SIGTERM, by its pid) at the end of the round and must be gone with its ranks.
@@ -21,6 +22,7 @@ import re
 import signal
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,31 +34,36 @@ TEST = "benchmarks/torch_distributed/test_distributed_gloo.py::TestDistBackendWi
 KEEP = ("--pgnb-keep",)
 
 
-def inner_loop(rounds: int = 2) -> dict[str, Any]:
-    runs: dict[str, list[float]] = {"spawn": [], "cold": [], "keep_first": [], "keep_second": []}
+def inner_loop(rounds: int = 2, pause: float = 10.0) -> dict[str, Any]:
+    """``pause``: seconds between the first keep run's end and the edit, for the paused second run (an edit
+    takes a developer some seconds; the kept process warms up meanwhile). The unpaused one comes at once."""
+    runs: dict[str, list[float]] = {"spawn": [], "cold": [], "keep_first": [], "keep_second": [],
+                                    "keep_second_paused": []}
     for _ in range(rounds):
         runs["spawn"].append(_passed(run_suite(False, suite=[TEST]))["wall"])
         runs["cold"].append(_passed(run_suite(True, suite=[TEST]))["wall"])
         with tempfile.TemporaryDirectory(prefix="pgnb-bench-keep-") as runtime:
             env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
-            first = _passed(run_suite(True, suite=[TEST], extra=KEEP, env=env))
-            found = re.search(r"the kept process \(pid (\d+)\) warms up", first["stderr"])
-            if found is None:
-                raise RuntimeError(f"the first --pgnb-keep run started no kept process:\n{first['tail']}")
-            keeper = int(found.group(1))
-            try:
-                Path(ROOT, TEST.split("::")[0]).touch()  # an edit: the kept process imports it anew
-                second = _passed(run_suite(True, suite=[TEST], extra=KEEP, env=env))
-                if "nothing kept for this project yet" in second["stderr"]:
-                    raise RuntimeError(f"the second run did not find the kept process:\n{second['tail']}")
-            finally:
-                _end(keeper)
-            runs["keep_first"].append(first["wall"])
-            runs["keep_second"].append(second["wall"])
+            for wait, second_key in ((0.0, "keep_second"), (pause, "keep_second_paused")):
+                first = _passed(run_suite(True, suite=[TEST], extra=KEEP, env=env))
+                found = re.search(r"the kept process \(pid (\d+)\) warms up", first["stderr"])
+                if found is None:
+                    raise RuntimeError(f"the first --pgnb-keep run started no kept process:\n{first['tail']}")
+                keeper = int(found.group(1))
+                try:
+                    time.sleep(wait)
+                    Path(ROOT, TEST.split("::")[0]).touch()  # an edit: the kept process imports it anew
+                    second = _passed(run_suite(True, suite=[TEST], extra=KEEP, env=env))
+                    if "nothing kept for this project yet" in second["stderr"]:
+                        raise RuntimeError(f"the second run did not find the kept process:\n{second['tail']}")
+                finally:
+                    _end(keeper)
+                runs["keep_first"].append(first["wall"])
+                runs[second_key].append(second["wall"])
     med = {k: statistics.median(v) for k, v in runs.items()}
-    return {"runs": runs, "median": med, "rounds": rounds,
+    return {"runs": runs, "median": med, "rounds": rounds, "pause": pause,
             "second_ratio": med["keep_second"] / med["spawn"], "first_ratio": med["keep_first"] / med["spawn"],
-            "cold_ratio": med["cold"] / med["spawn"]}
+            "paused_ratio": med["keep_second_paused"] / med["spawn"], "cold_ratio": med["cold"] / med["spawn"]}
 
 
 def _passed(run: dict[str, Any]) -> dict[str, Any]:

@@ -264,10 +264,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _preload() -> None:
+    """Import what never changes between runs: PRELOAD, and pytest's plugins (the first run would load them)."""
+    from importlib.metadata import entry_points
+
     started = time.monotonic()
     for name in PRELOAD:
         with contextlib.suppress(Exception):  # what is not installed is not needed
             __import__(name)
+    for plugin in entry_points(group="pytest11"):
+        with contextlib.suppress(Exception):  # pytest says why, when the run loads it
+            plugin.load()
     _log.info("imported %s in %.1f s", ", ".join(PRELOAD), time.monotonic() - started)
 
 
