@@ -250,8 +250,11 @@ class World:
 
     def sent_to(self, ranks: Iterable[int]) -> None:
         """Work is going to ``ranks``: those among the fresh are fresh no more (with none left, nor is the note)."""
-        if self._snapshot.fresh and (fresh := tuple(set(self._snapshot.fresh) - set(ranks))) != self._snapshot.fresh:
-            self._publish(fresh=tuple(sorted(fresh)), **({} if fresh else {"note": ""}))
+        if not self._snapshot.fresh:
+            return
+        sent = set(ranks)
+        if (fresh := tuple(r for r in self._snapshot.fresh if r not in sent)) != self._snapshot.fresh:
+            self._publish(fresh=fresh, **({} if fresh else {"note": ""}))
 
     def _phase(self) -> str:
         """What the lifecycle call in progress is doing, in words (``starting the controller``, ...)."""

@@ -86,7 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    pool = config.stash.get(_POOL, None)
+    pool = pool_of(config)
     if pool is None:
         return
     if pool is keeper.pool:  # --pgnb-keep: the worlds wait for the next run (those a failure retired stop now)
@@ -103,7 +103,7 @@ def pool_of(config: pytest.Config) -> WorldPool | None:
 def world_pool(config: pytest.Config) -> WorldPool:
     """This pytest process's warm worlds (made on first use; closed when the session ends, or kept for the
     next run in ``--pgnb-keep``'s kept process)."""
-    pool = config.stash.get(_POOL, None)
+    pool = pool_of(config)
     if pool is None:
         from .worlds import WorldPool
 
