@@ -197,3 +197,44 @@ def test_a_ranks_cell_output_is_what_python_printed_outside_pytest_too(tmp_path)
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == str([("py out\n", "py err\n")] * 2), proc.stdout
+
+
+def test_a_client_that_missed_the_engines_registrations_connects_again():
+    """A Client learns of an engine from the hub's notice, which is lost when the Client's subscription has
+    not joined yet (a Client that connected while the engines registered; CI saw a start wait 120 s for an
+    engine the hub had). The start asks the hub and connects a new Client within seconds."""
+    from pgnb.core.cluster import EnginePool
+    from pgnb.core.registration import HUB_LOOK
+
+    clients = []
+
+    class FirstClientMissesEverything(EnginePool):
+        def make_cluster(self, engines=0):
+            cluster = super().make_cluster(engines)
+            connect = cluster.connect_client_sync
+
+            def connect_first_deaf(*args, **kwargs):
+                client = connect(*args, **kwargs)
+                if not clients:  # as if every notice came before the subscription joined
+                    client._notification_handlers["registration_notification"] = lambda msg: None
+                    client._ids, client._engines = [], type(client._engines)()
+                clients.append(client)
+                return client
+
+            cluster.connect_client_sync = connect_first_deaf
+            return cluster
+
+    pool = FirstClientMissesEverything("pgnb.fork")
+    t0 = time.monotonic()
+    try:
+        pool.connect(2)
+        took = time.monotonic() - t0
+        assert len(pool.client.ids) == 2
+        assert len(clients) == 2 and pool.client is clients[1]
+        assert clients[0]._closed  # the stale Client is closed, not left with its sockets
+        assert took < 3 * HUB_LOOK + 15, took
+        assert pool.client[:].apply_sync(os.getpid) == pool._launched_engines()
+    finally:
+        pids = pool._launched_engines()
+        pool.stop(pids)
+    assert wait_gone(pids) == []

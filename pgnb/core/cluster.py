@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import threading
@@ -29,6 +28,7 @@ from ..spec import LOCAL_LAUNCHERS
 from . import batchjobs
 from .files import private_file
 from .liveness import STATUS_WAIT, describe_exit
+from .registration import MissedNotices
 from .remote import is_local
 from .rendezvous import EngineInfo
 from .waiting import poll_until
@@ -269,6 +269,7 @@ class EnginePool:
         #: what the start waits for in a batch system's queue ("Slurm job 12: PENDING (Resources)"), or ""
         self.queued = ""
         self._next_queue_look = 0.0
+        self._missed: MissedNotices | None = None  # while a start's first wait for its engines goes on
 
     # ---- start / attach -------------------------------------------------
     def connect(self, n: int, progress: Callable[[int, int], None] | None = None) -> None:
@@ -321,6 +322,7 @@ class EnginePool:
         self.check()
         with _quiet():  # the Client waits up to 10 s for a controller that died meanwhile: check while it waits
             self.client = self._checked(self.cluster.connect_client_sync)
+        self._missed = MissedNotices(lambda: self._checked(self.cluster.connect_client_sync))
 
     def make_cluster(self, engines: int = 0) -> Any:
         """The ``ipyparallel.Cluster`` pgnb would start, not started yet.
@@ -458,9 +460,13 @@ class EnginePool:
                 return True
             self._check_launchers_alive(n)
             self._check_batch_jobs()
+            if self._missed is not None:
+                self.client = self._missed.caught_up(self.client, k)
             return False
 
-        if poll_until(registered, 5.0 if self.attached else ENGINE_START_TIMEOUT):
+        found = poll_until(registered, 5.0 if self.attached else ENGINE_START_TIMEOUT)
+        self._missed = None  # from now on views and results hold this Client (a failed start is stopped)
+        if found:
             return
         if self.attached:
             raise EngineStartError(
@@ -606,19 +612,15 @@ class EnginePool:
         return out
 
     def _listed_schedulers(self) -> list[int] | None:
-        """The pids the controller listed once it had started its processes (None: not listed yet);
-        the exit status of those that had ended by then is kept for ``exit_status``."""
+        """The pids the controller listed once it started them (None: not yet); ``exit_status`` keeps those ended."""
         if self._schedulers is None:
-            path = ipcontroller_config.schedulers_path(str(self.cluster.profile_dir), str(self.cluster.cluster_id))
-            try:
-                with open(path) as f:
-                    listed = json.load(f)
-                self._schedulers = [int(p["pid"]) for p in listed]
-            except (OSError, ValueError, KeyError, TypeError):
+            listed = ipcontroller_config.read_schedulers(str(self.cluster.profile_dir), str(self.cluster.cluster_id))
+            if listed is None:
                 return None
-            for p in listed:
-                if p.get("exitcode") is not None:
-                    _record_exit(int(p["pid"]), int(p["exitcode"]))
+            self._schedulers = list(listed)
+            for pid, code in listed.items():
+                if code is not None:
+                    _record_exit(pid, code)
         return self._schedulers
 
     def forked_by(self) -> dict[int, tuple[int, int | None]]:

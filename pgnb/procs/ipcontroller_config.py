@@ -47,6 +47,15 @@ def schedulers_path(profile_dir: str, cluster_id: str) -> str:
     return os.path.join(profile_dir, "log", f"pgnb-schedulers-{cluster_id}.json")
 
 
+def read_schedulers(profile_dir: str, cluster_id: str) -> dict[int, int | None] | None:
+    """What the controller of ``cluster_id`` listed: pid -> exit status (None: running then); None: no list yet."""
+    try:
+        with open(schedulers_path(profile_dir, cluster_id)) as f:
+            return {int(p["pid"]): (None if p.get("exitcode") is None else int(p["exitcode"])) for p in json.load(f)}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def write_schedulers(app: Any) -> None:
     """Write the controller's scheduler processes (and heart monitor): name, pid, exit status if ended."""
     procs = [(str(getattr(c, "name", "")), getattr(c, "launcher", c)) for c in app.children]
