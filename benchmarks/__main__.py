@@ -55,17 +55,17 @@ def plan(quick: bool) -> dict[str, Any]:
                 "scale": {"worlds": [2, 8, 32], "cells": 5, "queries": 2},
                 "live": {"latency_lines": 40, "flood_rounds": 1, "cell_repeats": 10, "compute_seconds": 4.0},
                 "torch_suite": {"keyword": "CollectivesWorld2"}, "world_marker": {"trivial": 20},
-                "torch_distributed": {"sample": 10}, "torch_continuous": {},
+                "torch_distributed": {"sample": 10}, "torch_continuous": {}, "torch_unseen": {},
                 "inner_loop": {"rounds": 1}}
     return {"warmup": True, "rounds": 3, "rounds_w8_local": 2, "cell_repeats": 60, "reinit_cycles": 4,
             "ar_rounds": 3, "sizes": [[1 << 20, 40, 5, 5], [1 << 24, 5, 2, 3]],
             "scale": {"worlds": [2, 4, 8, 16, 32, 64], "cells": 20, "queries": 5},
             "live": {"latency_lines": 60, "flood_rounds": 3, "cell_repeats": 30, "compute_seconds": 10.0},
-            "torch_suite": {}, "world_marker": {}, "torch_distributed": {}, "torch_continuous": {},
+            "torch_suite": {}, "world_marker": {}, "torch_distributed": {}, "torch_continuous": {}, "torch_unseen": {},
             "inner_loop": {"rounds": 2}}
 
 #: The cases ``--only`` can name: torch's own suites, torch's harnesses vs --pgnb-torch (benchmarks/torch_harnesses.py)
-ONLY = ("torch_distributed", "torch_continuous", "inner_loop")
+ONLY = ("torch_distributed", "torch_continuous", "torch_unseen", "inner_loop")
 
 
 def log(msg: str) -> None:
@@ -127,6 +127,9 @@ def harness_samples(p: dict[str, Any], only: list[str], sample: Any) -> None:
     if "torch_continuous" in only:
         log("MultiProcContinuousTest classes (worlds 1, 2 and 4): torch's continuous harness, then pytest --pgnb-torch")
         sample("torch_continuous", "torch_continuous", **p["torch_continuous"])
+    if "torch_unseen" in only:
+        log("four more of torch's DTensorContinuousTestBase files, never measured before: the same two ways")
+        sample("torch_unseen", "torch_unseen", **p["torch_unseen"])
     if "inner_loop" in only:
         log("one DistributedTest test from the command line: torch's spawning, --pgnb-torch, --pgnb-keep twice")
         sample("inner_loop", "inner_loop", **p["inner_loop"])
@@ -263,6 +266,14 @@ def harness_rows(raw: dict[str, Any], row: Any) -> None:
         row("a trivial `MultiProcContinuousTest` test under `--pgnb-torch` (pytest's own time per test, median)",
             tc["trivial_median"], None, "s", "≤ 30 ms", tc["trivial_median"] <= 0.03,
             note=f"{tc['trivial_tests']} tests of one class at world 2, in the run above")
+    if raw.get("torch_unseen"):
+        tu = raw["torch_unseen"][0]
+        same = "the same verdicts" if tu["same_verdicts"] else f"verdicts differ: {', '.join(tu['differ'])}"
+        row(f"{tu['classes']} more `DTensorContinuousTestBase` classes of torch's, {tu['tests']} tests (benchmarks/"
+            "torch_unseen, taken after the rows above were measured), `pytest --pgnb-torch` vs torch's continuous "
+            "harness", tu["pgnb"]["wall"], tu["spawn"]["wall"], "s", "≤ 0.33× (3× less), same verdicts",
+            tu["ratio"] <= 1 / 3 and tu["same_verdicts"],
+            note=f"whole pytest runs; {tu['passed']} passed, {tu['skipped']} skipped, {tu['failed']} failed, {same}")
     if raw.get("inner_loop"):
         il = raw["inner_loop"][0]
         m = il["median"]

@@ -52,7 +52,7 @@ if __package__ in (None, ""):  # `python benchmarks/_cases.py`: make `benchmarks
 from benchmarks import baselines
 from benchmarks.inner_loop import inner_loop
 from benchmarks.slurm_cold import slurm_cold
-from benchmarks.torch_harnesses import torch_continuous, torch_distributed
+from benchmarks.torch_harnesses import torch_continuous, torch_distributed, torch_unseen
 from benchmarks.torch_suite import torch_suite
 from benchmarks.world_marker import world_marker
 
@@ -586,6 +586,7 @@ CASES: dict[str, Callable[..., dict[str, Any]]] = {
     "torch_suite": torch_suite,
     "torch_distributed": torch_distributed,
     "torch_continuous": torch_continuous,
+    "torch_unseen": torch_unseen,
     "world_marker": world_marker,
     "slurm_cold": slurm_cold,
     "inner_loop": inner_loop,

@@ -17,7 +17,7 @@ import psutil
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE_TIMEOUT = 600.0
 #: Cases that take longer: torch's own spawning runs benchmarks/dist_suite at ~5-15 s a test on 2 cores
-LONG_CASES = {"torch_suite": 1800.0, "torch_distributed": 10800.0, "torch_continuous": 1800.0}
+LONG_CASES = {"torch_suite": 1800.0, "torch_distributed": 10800.0, "torch_continuous": 1800.0, "torch_unseen": 1800.0}
 
 
 def run_case(name: str, **kwargs: Any) -> dict[str, Any]:

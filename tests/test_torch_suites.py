@@ -31,6 +31,7 @@ SUITE = textwrap.dedent('''
     import os
     import sys
     import time
+    import unittest
 
     import torch
     import torch.distributed as dist
@@ -120,6 +121,10 @@ SUITE = textwrap.dedent('''
             self.assertEqual(torch.initial_seed(), 1234)  # torch's set_rng_seed() before each test
             self.assertEqual(os.environ["SUITE_CLASS_MARK"], "set in the pytest process")
 
+        @unittest.skip("unittest's skip mark")  # unittest skips it in pytest's process: no rank runs it
+        def test_unittest_skip(self):
+            raise AssertionError("a skipped test does not run")
+
 
     class TestContinuousSkipsAtInit(MultiProcContinuousTest):
         world_size = 2
@@ -187,6 +192,7 @@ EXPECTED = {
     "TestDTensor::test_redistribute": ("passed", ""),
     "TestContinuous::test_collective": ("passed", ""),
     "TestContinuous::test_seeded": ("passed", ""),
+    "TestContinuous::test_unittest_skip": ("skipped", "unittest's skip mark"),
     "TestContinuousSkipsAtInit::test_never_runs": ("skipped", "Need at least 2 CUDA devices"),
 }
 

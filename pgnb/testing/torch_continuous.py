@@ -115,7 +115,12 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     # drops cls (TypeError: spawn() missing 'world_size'; the support matrix's oldest column)
     cls._spawn_processes = classmethod(functools.partial(ClassWorld.spawn, state))  # type: ignore[attr-defined]
     # pytest calls item.obj as the test method (it sets it on the instance for unittest's run)
-    item.obj = types.MethodType(lambda self: state.run(item, self, waits), case)  # type: ignore[attr-defined]
+
+    @functools.wraps(waits)  # unittest's skip marks stay: a skipped test is skipped here, as torch's harness does
+    def on_ranks(self: Any) -> None:
+        state.run(item, self, waits)
+
+    item.obj = types.MethodType(on_ranks, case)  # type: ignore[attr-defined]
     try:
         return (yield)
     finally:
