@@ -39,6 +39,15 @@ def _expect() -> Any:
     return expect
 
 
+def _answer(box: Any, text: str) -> None:
+    """Type a line into JupyterLab's input box and wait until that box is gone, so the next prompt's box is
+    never confused with it (under load the next prompt can arrive before the answered box is removed)."""
+    answered = box.element_handle()
+    box.fill(text)
+    box.press("Enter")
+    answered.wait_for_element_state("hidden", timeout=15_000)
+
+
 def test_live_view_and_debugger_in_jupyterlab(open_notebook: Any, artifacts: Path, pgnb_leftovers: Any,
                                               tmp_path: Path) -> None:
     expect = _expect()
@@ -78,13 +87,11 @@ def test_live_view_and_debugger_in_jupyterlab(open_notebook: Any, artifacts: Pat
     nb.cell(BREAK).screenshot(path=str(artifacts / "debugger_prompt.png"))
     if os.environ.get("PGNB_UPDATE_SCREENSHOT") == "1":
         nb.cell(BREAK).screenshot(path=str(REPO_ROOT / "docs" / "debugger_prompt.png"))
-    box.fill("p x")
-    box.press("Enter")
+    _answer(box, "p x")
     expect(nb.output(BREAK)).to_contain_text("41", timeout=15_000)  # x = 40 + rank, on rank 1
     box = nb.cell(BREAK).locator(".jp-Stdin-input")
     expect(box).to_have_count(1, timeout=15_000)
-    box.fill("c")
-    box.press("Enter")
+    _answer(box, "c")
     nb.wait_done(BREAK, timeout_ms=30_000)
     expect(nb.output(BREAK)).to_contain_text("[rank 1]\n42", timeout=10_000)
 
