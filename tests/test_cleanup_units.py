@@ -235,3 +235,33 @@ def test_handles_see_an_ended_process_in_one_poll_a_zombie_too():
         for p in (child, other):
             p.kill()
             p.wait()
+
+
+def test_a_zygote_that_exits_after_its_last_engine_is_not_that_engines_cause():
+    """A replaced rank's engine set has one engine: once it is lost, its launcher lets the zygote go (exit 0).
+    Seen in one look with the engine's death, the zygote's clean exit must not become the rank's cause."""
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    zygote = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    statuses: dict[int, int] = {}
+    announced: list[str] = []
+    health = Health(announced.append, rank_of={engine.pid: 1}.get, exit_status=statuses.get,
+                    respawn_reaper=lambda pid: None)
+    info = EngineInfo(engine_id=1, pid=engine.pid, host=socket.gethostname(), addr="127.0.0.1", iface="lo")
+    try:
+        health.watch_engines([info], {engine.pid: (zygote.pid, None)})
+        health.watch_pool({"zygote": [zygote.pid]})
+        engine.kill()
+        statuses[engine.pid] = engine.wait()
+        assert zygote.stdin is not None
+        zygote.stdin.close()
+        statuses[zygote.pid] = zygote.wait()
+        assert statuses == {engine.pid: -signal.SIGKILL, zygote.pid: 0}
+        health.look()
+        assert health.lost_cause(engine.pid) == "engine killed by SIGKILL", health.lost_cause(engine.pid)
+        assert not [m for m in announced if "zygote" in m], announced
+    finally:
+        health.stop()
+        for p in (engine, zygote):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

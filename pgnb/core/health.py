@@ -232,6 +232,11 @@ class Health:
             self._on_engine_death(engine, cause)
             kill_all([engine], grace=0.0)
         elif kind == "zygote":
+            if status == 0:
+                # a zygote exits 0 only when told to: its launcher let it go once its engines had ended (a
+                # replaced rank's set, after that rank was lost), or pgnb stopped it; the engines' own deaths
+                # say what happened to them
+                return
             with self._lock:
                 self._dead_zygotes[pid] = cause
                 for engine, (zygote, _) in self._forked.items():  # engines reported before it: name the cause
