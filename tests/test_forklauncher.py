@@ -290,3 +290,49 @@ def test_engines_die_with_the_process_that_launched_them(ipython_dir: Path) -> N
         # the launcher's): clean up the one this test started.
         if controller is not None:
             _terminate_tree(controller)
+
+
+DORMANT = textwrap.dedent(
+    """
+    import json, os
+    import torch
+    import pgnb
+    from pgnb.procs import prefork
+    assert prefork.fork_dormant(1, ["torch"]) == ""
+    (forked,) = [z.pid for z in prefork._dormant]
+    sb = pgnb.Sandbox(world=2, backend="gloo")
+    sb.start()
+    parents = sb.run(os.getppid)
+    pids, left = sb.pids, prefork.dormant()
+    sb.shutdown()
+    print(json.dumps({"forked": forked, "parents": parents, "pids": pids, "left": left}))
+    """
+)
+
+
+def test_a_world_takes_the_zygote_its_process_forked(ipython_dir: Path) -> None:
+    """A zygote forked from the process (pgnb.procs.prefork) forks the ranks, is among the world's processes,
+    and goes with them: nothing is left, though what it forks carries no owner token."""
+    env = {**os.environ, "IPYTHONDIR": str(ipython_dir)}
+    proc = subprocess.run([sys.executable, "-c", DORMANT], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.splitlines()[-1])
+    assert info["parents"] == [info["forked"]] * 2 and info["forked"] in info["pids"] and info["left"] == 0
+    assert len(info["pids"]) >= 7, info  # 2 engines, 2 nannies, the zygote, the controller, the reaper
+    assert wait_gone(info["pids"], 5) == []
+
+
+def test_no_zygote_is_forked_beside_a_thread() -> None:
+    import threading
+
+    from pgnb.procs import prefork
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert prefork.fork_dormant(1, []) == f"{threading.active_count()} Python threads"
+        assert prefork.dormant() == 0
+    finally:
+        stop.set()
+        thread.join()

@@ -403,6 +403,10 @@ def test_kill_9_of_pytest_during_a_continuous_class_leaves_nothing(pytester: pyt
             except (psutil.Error, OSError):
                 pass
         assert len(ours) >= 5, ours
+        # the zygotes were forked from pytest itself (pgnb.procs.prefork): the world's, and the spare one
+        forked = [p for p in ours if psutil.Process(p).ppid() == proc.pid
+                  and psutil.Process(p).cmdline() == psutil.Process(proc.pid).cmdline()]
+        assert len(forked) == 2, [(p, psutil.Process(p).cmdline()[:3]) for p in ours]
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)

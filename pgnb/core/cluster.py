@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..errors import RECOVER_HINT, EngineStartError, SpecError
-from ..procs import ipcontroller_config
+from ..procs import ipcontroller_config, prefork
 from ..procs.ownership import cluster_files, sweep, write_state
 from ..procs.processes import OWNER_ENV, ProcessKind, kill_all, owned_by_token, process_running, process_state
 from ..procs.reaper_handle import Reaper
@@ -46,6 +46,18 @@ ZYGOTE_PRELOAD: list[str] = []
 #: so a zygote imports torch while the controller boots (~0.6-1 s less per cold start here).
 #: Launchers pgnb keeps on loopback (one machine). Others (slurm, ssh, pbs, ...) listen where the profile says.
 LOOPBACK_LAUNCHERS = (*LOCAL_LAUNCHERS, "mpi")
+
+
+def fork_zygotes(count: int) -> str:
+    """Fork ``count`` zygotes from this process now, for the next worlds' fork launchers to take (they have
+    what this process imported; ``pgnb.procs.prefork``); "" when done, else why none was forked."""
+    return prefork.fork_dormant(count, list(ZYGOTE_PRELOAD))
+
+
+def close_zygotes() -> None:
+    """End the forked zygotes no world took."""
+    prefork.close_dormant()
+
 
 _log = logging.getLogger("pgnb")
 # ipyparallel's Cluster logs from its own threads (engine output, "engine set stopped {...}"),
@@ -562,9 +574,10 @@ class EnginePool:
                                     iface=d["iface"], launcher_rank=d["launcher_rank"],
                                     nanny_pid=d["nanny_pid"]))
             if is_local(infos[-1]) and self.reaper and not self.attached:  # a pid elsewhere names nothing here
-                self.reaper.own(d["pid"])
-                if d["nanny_pid"]:
-                    self.reaper.own(d["nanny_pid"])
+                # its zygote too: one forked from this process (pgnb.procs.prefork) carries no owner token
+                for pid in (d["pid"], d["nanny_pid"], self.forked_by().get(d["pid"], (0,))[0]):
+                    if pid:
+                        self.reaper.own(pid)
         return infos
 
     def warm_up(self, ids: list[int], timeout: float = 120.0) -> None:
@@ -667,9 +680,8 @@ class EnginePool:
             if client is not None:
                 client.close()
             return
-        pids = list(engine_pids)
-        if self.reaper is not None:
-            pids += owned_by_token(self.reaper.token)
+        # the nannies by pid: those a zygote forked from this process made (pgnb.procs.prefork) carry no token
+        pids = [*engine_pids, *self.processes()["nanny"], *(owned_by_token(self.reaper.token) if self.reaper else ())]
         if client is not None:
             client.close()
         kill_all(pids, grace=grace, awaited=list(engine_pids))  # all at once; ipyparallel would stop them one by one

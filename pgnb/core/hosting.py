@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 
 from ..errors import EngineStartError
-from ..procs.processes import kill_all, owned_by_token
+from ..procs.processes import kill_all, owned_by_token, process_running
 from ..procs.reaper_handle import Reaper
 from ..rank import engine
 from ..spec import WorldSpec
@@ -67,6 +67,8 @@ class Hosting:
         if self.reaper is not None:
             out.add(self.reaper.pid)
             out.update(owned_by_token(self.reaper.token))  # what the launchers started beneath
+        # a zygote forked from this process (pgnb.procs.prefork) carries no token
+        out.update(pid for pid in self.pool.processes()["zygote"] if process_running(pid))
         return out
 
     def own_path(self, path: str) -> None:

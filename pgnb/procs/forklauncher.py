@@ -49,6 +49,7 @@ from ipyparallel.cluster.launcher import (
 from tornado.ioloop import IOLoop
 from traitlets import Bool, Dict, Float, Integer, List, Unicode
 
+from . import prefork
 from .processes import process_state
 from .spawning import undebugged
 
@@ -141,7 +142,8 @@ class ForkEngineSetLauncher(EngineLauncher):  # type: ignore[misc]  # ipyparalle
 
     def __init__(self, work_dir: str = ".", config: Any = None, **kwargs: Any) -> None:
         super().__init__(work_dir=work_dir, config=config, **kwargs)
-        self._zygote: Popen[bytes] | None = None  # None when attached from a cluster file
+        #: None when attached from a cluster file
+        self._zygote: Popen[bytes] | prefork.ForkedZygote | None = None
         self._reader: threading.Thread | None = None
         self._events: collections.deque[dict[str, Any]] = collections.deque()
         self._drain_lock = threading.RLock()
@@ -196,21 +198,17 @@ class ForkEngineSetLauncher(EngineLauncher):  # type: ignore[misc]  # ipyparalle
             }
             for i in range(n)
         ]
-        env = os.environ.copy()
-        env.update(engine_env)
-        self.log.debug("Starting %s: %r", self.__class__.__name__, self.args)
-        with open(self.zygote_output_file, "ab") as log, undebugged():
-            self._zygote = Popen(
-                self.args,
-                stdin=PIPE,
-                stdout=PIPE,
-                stderr=log.fileno(),
-                env=env,
-                cwd=cwd,
-                start_new_session=True,  # no SIGINT from the notebook's process group
-            )
-        self.zygote_pid = self._zygote.pid
+        dormant = prefork.take()
         try:
+            if dormant is not None:  # already has torch, and what this process imported (pgnb.procs.prefork)
+                self.log.debug("Taking dormant zygote %s", dormant.pid)
+                self._zygote = dormant
+                self.zygote_pid = dormant.pid
+                self._send({"op": "attach", "log": self.zygote_output_file, "grace": self.stop_seconds_until_kill,
+                            "env": engine_env, "cwd": cwd, "preload": list(self.preload)})
+            else:
+                self._zygote = self._start_zygote(engine_env, cwd)
+                self.zygote_pid = self._zygote.pid
             self._send({"op": "spawn", "engines": specs})
         except BrokenPipeError:
             pass  # the zygote is already gone: the wait below reports why
@@ -242,6 +240,21 @@ class ForkEngineSetLauncher(EngineLauncher):  # type: ignore[misc]  # ipyparalle
         self.notify_start(pids)
         self._maybe_finished()
         return pids
+
+    def _start_zygote(self, engine_env: dict[str, str], cwd: str) -> Popen[bytes]:
+        env = os.environ.copy()
+        env.update(engine_env)
+        self.log.debug("Starting %s: %r", self.__class__.__name__, self.args)
+        with open(self.zygote_output_file, "ab") as log, undebugged():
+            return Popen(
+                self.args,
+                stdin=PIPE,
+                stdout=PIPE,
+                stderr=log.fileno(),
+                env=env,
+                cwd=cwd,
+                start_new_session=True,  # no SIGINT from the notebook's process group
+            )
 
     def _start_failure_message(self) -> str:
         what = self._zygote_error or f"zygote exited with status {self._zygote_exit_code}"
@@ -323,8 +336,9 @@ class ForkEngineSetLauncher(EngineLauncher):  # type: ignore[misc]  # ipyparalle
                 elif kind == "exited":
                     self._engine_exited(event["key"], event["exit_code"])
                 elif kind == "error":
-                    self._zygote_error = event.get("message", "")
-                    self.log.error("pgnb zygote %s: %s", self.zygote_pid, self._zygote_error)
+                    message = event.get("message", "")
+                    self._zygote_error = self._zygote_error or message  # the first says why
+                    self.log.error("pgnb zygote %s: %s", self.zygote_pid, message)
                 elif kind == "zygote-exited":
                     self._zygote_exited = True
                     self._zygote_exit_code = event["exit_code"]

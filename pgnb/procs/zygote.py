@@ -33,6 +33,7 @@ Protocol: JSON lines.  Launcher to zygote (stdin)::
 
     {"op": "spawn", "engines": [{"key", "argv", "env", "output", "cwd", "fork_nanny"}, ...]}
     {"op": "signal", "sig": 15}
+    {"op": "attach", "log", "grace", "env", "cwd", "preload"}  # a dormant zygote (pgnb.procs.prefork), taken
 
 Zygote to launcher (stdout)::
 
@@ -251,8 +252,28 @@ class Zygote:
                 self._spawn_engine(spec)
         elif op == "signal":
             self._signal(int(command["sig"]))
+        elif op == "attach":
+            self._attach(command)
         else:
             _log(f"unknown command {command!r}")
+
+    def _attach(self, command: dict[str, Any]) -> None:
+        """A dormant zygote's launcher: its log file, stop grace, environment and directory, as a launcher
+        gives them to a zygote it starts."""
+        log = os.open(command["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 2)
+        os.close(log)
+        self.grace = float(command.get("grace", self.grace))
+        os.environ.update(command.get("env", {}))
+        os.chdir(command.get("cwd", os.getcwd()))
+        for name in command.get("preload", []):  # what the launcher's zygote would import that the parent had not
+            try:
+                importlib.import_module(name)
+            except BaseException as e:
+                traceback.print_exc()
+                _send({"event": "error", "message": f"cannot import {name!r}: {type(e).__name__}: {e}"})
+                self._begin_shutdown("a preload module failed to import")
+                return
 
     def _begin_shutdown(self, why: str) -> None:
         if self.shutdown_at is not None:
@@ -539,8 +560,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+def _prepare(preload: list[str]) -> float | None:
+    """Import what the engines need, before any fork: seconds taken, or None (an error event sent)."""
     # Own session (the launcher starts us with start_new_session): no terminal
     # SIGINT should reach us, and a stray one must not kill every engine.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -549,29 +570,45 @@ def main(argv: list[str] | None = None) -> int:
     # What IPEngine sets before importing the debugger (a warning otherwise).
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     tic = time.monotonic()
-    for name in (*ENGINE_MODULES, *args.preload):
+    for name in (*ENGINE_MODULES, *preload):
         try:
             importlib.import_module(name)
         except BaseException as e:
             traceback.print_exc()
             _send({"event": "error", "message": f"cannot import {name!r}: {type(e).__name__}: {e}"})
-            return 1
+            return None
     import_seconds = time.monotonic() - tic
-    # Threads here would be copied into no child; 2 is numpy's OpenBLAS
-    # server, which stops itself at fork (pthread_atfork).
-    threads = _thread_count()
-    _log(f"imported {len(args.preload)} preload module(s) in {import_seconds:.2f}s; threads={threads}")
+    _log(f"imported {len(preload)} preload module(s) in {import_seconds:.2f}s; threads={_thread_count()}")
     # Keep the imported objects out of the collector's reach so that it does
     # not write to (and un-share) their pages in the children.
     gc.collect()
     gc.freeze()
-    zygote = Zygote(args.grace, standalone=args.slurm is not None)
-    if args.slurm is not None:
-        os.dup2(2, 1)  # no launcher reads events: they go to the log with the rest
-        for spec in _slurm_specs(args.slurm, args.engine_argv):
-            zygote._spawn_engine(spec)
-        return zygote.run()
-    _send({"event": "ready", "pid": zygote.pid, "import_seconds": import_seconds, "threads": threads})
+    return import_seconds
+
+
+def serve(grace: float, preload: list[str]) -> int:
+    """Be a zygote on stdin/stdout: import, say "ready", fork engines as told (a process forked by
+    ``pgnb.procs.prefork`` runs this too, its launcher's pipes on fds 0 and 1)."""
+    import_seconds = _prepare(preload)
+    if import_seconds is None:
+        return 1
+    zygote = Zygote(grace)
+    # Threads here would be copied into no child; 2 is numpy's OpenBLAS
+    # server, which stops itself at fork (pthread_atfork).
+    _send({"event": "ready", "pid": zygote.pid, "import_seconds": import_seconds, "threads": _thread_count()})
+    return zygote.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    if args.slurm is None:
+        return serve(args.grace, args.preload)
+    if _prepare(args.preload) is None:
+        return 1
+    zygote = Zygote(args.grace, standalone=True)
+    os.dup2(2, 1)  # no launcher reads events: they go to the log with the rest
+    for spec in _slurm_specs(args.slurm, args.engine_argv):
+        zygote._spawn_engine(spec)
     return zygote.run()
 
 

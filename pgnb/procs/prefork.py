@@ -1,0 +1,197 @@
+"""Zygotes forked from this process, dormant until a fork launcher takes one.
+
+A zygote the launcher starts is a fresh Python that imports torch (and whatever
+``preload`` names) before it can fork a rank: on 2 cores, 2-4 s per world. A
+process that has imported them already (pytest, once it has collected torch's
+test files) can instead fork the zygote itself: the child keeps every imported
+module, imports only the engine's own, and waits on a pipe for the launcher
+(:class:`pgnb.procs.forklauncher.ForkEngineSetLauncher` takes it in place of
+starting one). It is then the same zygote (:func:`pgnb.procs.zygote.serve`),
+on the same protocol.
+
+Forking is safe only while this process runs no other Python thread (a lock another
+thread holds would stay held in the child for ever) and nothing traces it (a coverage
+or debugger tracer would follow every rank): otherwise ``fork_dormant`` forks
+nothing and says why, and each world starts its zygote as before. Native threads
+of the numerical libraries are no obstacle, as they are none to a zygote that forks
+its engines: OpenBLAS's stop at a fork, and torch makes its own pools anew in a
+forked child.
+
+The child leaves this process's world behind before it serves: its own session,
+default signal handlers, no faulthandler, no atexit handlers, no logging
+handlers, no import hook of pytest's, and no file descriptor but its two pipes
+and ``/dev/null`` as stderr until a launcher gives it its log. A dormant zygote
+ends when this process closes its pipe (``close_dormant``, or this process's
+exit, however it ends).
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import io
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import IO, NoReturn
+
+#: Signals whose handlers this process may have set (pytest-timeout's SIGALRM, a test runner's SIGTERM...).
+_RESET_SIGNALS = ("SIGALRM", "SIGTERM", "SIGCHLD", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGPIPE")
+
+
+class ForkedZygote:
+    """A dormant zygote, as much of ``subprocess.Popen`` as the fork launcher uses (``pid``, ``stdin``,
+    ``stdout``, ``poll``, ``wait``, ``kill``)."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes]) -> None:
+        self.pid = pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped by someone else: gone, status unknown
+                    self.returncode = -signal.SIGKILL
+                else:
+                    if pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        # polled rather than a blocking waitpid, so that poll() from another thread never waits on a lock
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"zygote {self.pid} still running after {timeout} s")
+            time.sleep(0.02)
+        return code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        """Let it go: its stdin's EOF ends it (it has forked nothing yet)."""
+        for pipe in (self.stdin, self.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+_dormant: list[ForkedZygote] = []
+
+
+def why_not_fork() -> str:
+    """Why this process cannot fork a zygote now ("" if it can)."""
+    threads = threading.active_count()
+    if threads != 1:
+        return f"{threads} Python threads"
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return "a tracer or profiler is on"
+    return ""
+
+
+def fork_dormant(count: int, preload: list[str]) -> str:
+    """Fork ``count`` dormant zygotes that import ``preload`` (what this process has not imported yet);
+    "" when done, else why nothing was forked."""
+    reason = why_not_fork()
+    if reason:
+        return reason
+    for _ in range(count):
+        _dormant.append(_fork(list(preload)))
+    return ""
+
+
+def take() -> ForkedZygote | None:
+    """A dormant zygote that is still there, or None."""
+    while _dormant:
+        zygote = _dormant.pop(0)
+        if zygote.poll() is None:
+            return zygote
+        zygote.close()
+    return None
+
+
+def dormant() -> int:
+    """How many dormant zygotes wait now."""
+    return len(_dormant)
+
+
+def close_dormant() -> None:
+    """End every zygote no launcher took."""
+    while _dormant:
+        _dormant.pop().close()
+
+
+def _fork(preload: list[str]) -> ForkedZygote:
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    pid = os.fork()
+    if pid == 0:
+        _become_zygote(to_child_r, from_child_w, preload)
+    os.close(to_child_r)
+    os.close(from_child_w)
+    # the children forked later must not hold this one's pipes, or its stdin would never see EOF
+    os.set_inheritable(to_child_w, False)
+    os.set_inheritable(from_child_r, False)
+    return ForkedZygote(pid, os.fdopen(to_child_w, "wb"), os.fdopen(from_child_r, "rb"))
+
+
+def _become_zygote(stdin_fd: int, stdout_fd: int, preload: list[str]) -> NoReturn:
+    code = 1
+    try:
+        _leave_parent(stdin_fd, stdout_fd)
+        from .zygote import serve
+
+        code = serve(5.0, preload)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _leave_parent(stdin_fd: int, stdout_fd: int) -> None:
+    """In the child: nothing of the parent's handlers, hooks or files stays active."""
+    os.setsid()
+    for name in _RESET_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    faulthandler.disable()
+    atexit._clear()  # the parent's exit work (a coverage save, a cache write) is not ours
+    for handler in list(logging.root.handlers):
+        logging.root.removeHandler(handler)
+    # pytest's assertion rewriting stays with pytest: modules imported here load as a launched zygote's would
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not type(finder).__module__.startswith("_pytest")]
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(stdin_fd, 0)
+    os.dup2(stdout_fd, 1)
+    os.dup2(null, 2)
+    keep = {0, 1, 2}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
