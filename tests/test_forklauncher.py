@@ -336,3 +336,24 @@ def test_no_zygote_is_forked_beside_a_thread() -> None:
     finally:
         stop.set()
         thread.join()
+
+
+def test_an_engine_exit_skips_only_torchs_teardown_of_its_operators() -> None:
+    """At an engine's exit the zygote runs the atexit work a normal exit would, less torch.library's
+    finalizers (their teardown of the process's operator registrations); a user's finalizers still run."""
+    script = textwrap.dedent(
+        """
+        import weakref, torch
+        from pgnb.procs.zygote import _skip_torch_library_teardown
+        class Thing: pass
+        thing = Thing()
+        mine = weakref.finalize(thing, print, "the user's finalizer ran")
+        torchs = [f for f, info in weakref.finalize._registry.items() if info.func.__module__ == "torch.library"]
+        assert torchs
+        _skip_torch_library_teardown()
+        assert mine.atexit and not any(f.atexit for f in torchs)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == "the user's finalizer ran\n"

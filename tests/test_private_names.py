@@ -32,6 +32,7 @@ NOT_BORROWED = {
     "_Environ": "os",
     "_run_exitfuncs": "atexit",
     "_clear": "atexit",
+    "_registry": "weakref",
     "_spawn_engine": "pgnb.procs.zygote's own",
     "_dispatch": "pgnb.core.sandbox's own",
     "_pgnb_bridge": "pgnb.debugger's own attribute on the kernel",
