@@ -19,8 +19,9 @@ forked child.
 
 The child leaves this process's world behind before it serves: its own session,
 default signal handlers, no faulthandler, no atexit handlers, no logging
-handlers, no import hook of pytest's, and no file descriptor but its two pipes
-and ``/dev/null`` as stderr until a launcher gives it its log. A dormant zygote
+handlers, no import hook of pytest's, and no file of the parent's open but its
+two pipes (every other descriptor is ``/dev/null``, stderr too until a launcher
+gives it its log). A dormant zygote
 ends when this process closes its pipe (``close_dormant``, or this process's
 exit, however it ends).
 """
@@ -184,13 +185,15 @@ def _leave_parent(stdin_fd: int, stdout_fd: int) -> None:
     os.dup2(stdin_fd, 0)
     os.dup2(stdout_fd, 1)
     os.dup2(null, 2)
-    keep = {0, 1, 2}
+    # Every other file of the parent's (its other zygotes' pipes, its terminal, its sockets) let go of:
+    # pointed at /dev/null rather than closed, so that an object of the parent's that closes its own fd
+    # one day never closes a file of the ranks' that took the same number.
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd not in keep:
+        if fd > 2 and fd != null:
             try:
-                os.close(fd)
-            except OSError:
+                os.dup2(null, fd)
+            except OSError:  # the listing's own fd, closed by now
                 pass
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
