@@ -303,9 +303,10 @@ DORMANT = textwrap.dedent(
     sb = pgnb.Sandbox(world=2, backend="gloo")
     sb.start()
     parents = sb.run(os.getppid)
+    pipes = sb.run(lambda: str(__import__("signal").getsignal(__import__("signal").SIGPIPE)))
     pids, left = sb.pids, prefork.dormant()
     sb.shutdown()
-    print(json.dumps({"forked": forked, "parents": parents, "pids": pids, "left": left}))
+    print(json.dumps({"forked": forked, "parents": parents, "pids": pids, "left": left, "pipes": pipes}))
     """
 )
 
@@ -318,6 +319,8 @@ def test_a_world_takes_the_zygote_its_process_forked(ipython_dir: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.splitlines()[-1])
     assert info["parents"] == [info["forked"]] * 2 and info["forked"] in info["pids"] and info["left"] == 0
+    # as in a fresh Python: a rank writing to a closed pipe gets BrokenPipeError, not a silent death
+    assert info["pipes"] == [str(signal.SIG_IGN)] * 2, info
     assert len(info["pids"]) >= 7, info  # 2 engines, 2 nannies, the zygote, the controller, the reaper
     assert wait_gone(info["pids"], 5) == []
 

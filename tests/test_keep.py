@@ -50,9 +50,17 @@ def test_sleeps(rank):
 '''
 
 
+CONFTEST = """
+import os, threading
+if os.environ.get("START_A_THREAD"):  # pytest with a thread of the project's: no process is forked from it
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+"""
+
+
 def write(project: Path, value: int, helped: str = "a") -> None:
     (project / "test_kept.py").write_text(TEST.format(value=value))
     (project / "helper.py").write_text(f"HELPED = {helped!r}\n")
+    (project / "conftest.py").write_text(CONFTEST)
 
 
 def start(project: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
@@ -111,6 +119,8 @@ def test_runs_share_a_kept_process_and_its_world_and_see_each_edit(tmp_path):
         assert "nothing kept for this project yet: this run runs here" in err, err
         keepers.append(started_pid(err))
         assert "kept process" not in out, out
+        # forked from that run once it had collected (pytest, torch, its plugins imported), not started afresh
+        assert "pytest" in psutil.Process(keepers[0]).cmdline(), psutil.Process(keepers[0]).cmdline()
         folder = runtime / f"pgnb-keep-{os.getuid()}"
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700  # its user's only
 
@@ -148,17 +158,20 @@ def test_runs_share_a_kept_process_and_its_world_and_see_each_edit(tmp_path):
         (project / "out" / "sleep").unlink()
         code, out, err, _ = run(project, env, "-k", "test_value")
         assert code == 0, out + err
-        assert keeper_pid(out) == keepers[0] and "run 4;" in out, out
+        assert keeper_pid(out + err) == keepers[0] and "run 4;" in out, out + err
 
         # the keeper killed: its ranks go (their reaper); the next run is a cold one, which starts a new keeper
         rank_pids = [int(r[0]) for r in ranks(project)]
         os.kill(keepers[0], signal.SIGKILL)
         assert wait_gone([keepers[0], *rank_pids], timeout=10) == []
         (project / "pytest.ini").write_text("[pytest]\npgnb_keep_idle = 3\n")
-        code, out, err, _ = run(project, env, "-k", "test_value")
+        # a cold run with a thread running cannot fork one: it starts it afresh, and says so with -v
+        code, out, err, _ = run(project, {**env, "START_A_THREAD": "1"}, "-k", "test_value", "-v")
         assert code == 0, out + err
         assert "nothing kept for this project yet" in err, err
+        assert "the kept process is not forked from this run (2 Python threads)" in err, err
         keepers.append(started_pid(err))
+        assert "pgnb.testing.keeper" in psutil.Process(keepers[1]).cmdline(), psutil.Process(keepers[1]).cmdline()
 
         # left idle, it ends by itself, stopping the world it started, and removes its socket
         assert wait_gone([keepers[1]], timeout=60) == []

@@ -59,6 +59,12 @@ def close_zygotes() -> None:
     prefork.close_dormant()
 
 
+def fork_waiting(then: Callable[[dict[str, Any]], int], log: str) -> prefork.Waiting | str:
+    """A child forked from this process now, that waits to be woken and then exits with ``then(message)``
+    (``pgnb.procs.prefork.fork_waiting``); why not, if it cannot be forked."""
+    return prefork.fork_waiting(then, log)
+
+
 _log = logging.getLogger("pgnb")
 # ipyparallel's Cluster logs from its own threads (engine output, "engine set stopped {...}"),
 # which in a kernel lands in the notebook's stdout; pgnb reports outcomes itself.

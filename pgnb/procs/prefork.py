@@ -24,6 +24,10 @@ two pipes (every other descriptor is ``/dev/null``, stderr too until a launcher
 gives it its log). A dormant zygote
 ends when this process closes its pipe (``close_dormant``, or this process's
 exit, however it ends).
+
+``fork_waiting`` forks a child of the same kind for work of another sort: it waits
+on its pipe for one message and then does what it was forked for (``pytest
+--pgnb-keep``'s kept process, forked from the run that will start it: pgnb.testing.keeper).
 """
 
 from __future__ import annotations
@@ -31,16 +35,18 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import io
+import json
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from typing import IO, NoReturn
+from collections.abc import Callable
+from typing import IO, Any, NoReturn
 
 #: Signals whose handlers this process may have set (pytest-timeout's SIGALRM, a test runner's SIGTERM...).
-_RESET_SIGNALS = ("SIGALRM", "SIGTERM", "SIGCHLD", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGPIPE")
+_RESET_SIGNALS = ("SIGALRM", "SIGTERM", "SIGCHLD", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
 
 
 class ForkedZygote:
@@ -136,14 +142,83 @@ def close_dormant() -> None:
         _dormant.pop().close()
 
 
-def _fork(preload: list[str]) -> ForkedZygote:
-    to_child_r, to_child_w = os.pipe()
-    from_child_r, from_child_w = os.pipe()
+class Waiting:
+    """A child forked by ``fork_waiting``, dormant until ``wake``."""
+
+    def __init__(self, pid: int, pipe: IO[bytes]) -> None:
+        self.pid = pid
+        self._pipe = pipe
+
+    def wake(self, message: dict[str, Any]) -> None:
+        """Hand it its message: it goes on alone (its own session), whatever becomes of this process."""
+        try:
+            self._pipe.write(json.dumps(message).encode())
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Let it go unwoken: the pipe's EOF ends it."""
+        try:
+            self._pipe.close()
+        except OSError:
+            pass
+
+
+def fork_waiting(then: Callable[[dict[str, Any]], int], log: str) -> Waiting | str:
+    """Fork a child that leaves this process's world behind (as a zygote does; its output to the file ``log``)
+    and waits for ``Waiting.wake``'s message; then it exits with ``then(message)``. It exits at once if this
+    process closes the pipe first (``Waiting.close``, or this process's end). Why not, if it cannot fork."""
+    reason = why_not_fork()
+    if reason:
+        return reason
+    read_fd, write_fd = os.pipe()
+    _flush()
+    pid = os.fork()
+    if pid == 0:
+        _wait_then(read_fd, log, then)
+    os.close(read_fd)
+    os.set_inheritable(write_fd, False)
+    return Waiting(pid, os.fdopen(write_fd, "wb"))
+
+
+def _wait_then(read_fd: int, log: str, then: Callable[[dict[str, Any]], int]) -> NoReturn:
+    code = 1
+    try:
+        _dormant.clear()  # the parent's zygotes, not this process's children
+        out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        _leave_parent(os.open(os.devnull, os.O_RDONLY), out, out, keep=read_fd)
+        data = b""
+        while chunk := os.read(read_fd, 65536):
+            data += chunk
+        os.close(read_fd)
+        if not data:  # closed unwoken
+            os._exit(0)
+        try:
+            code = then(json.loads(data))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        atexit._run_exitfuncs()  # what the work registered (it ran in this process as in one of its own)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        _flush()
+        os._exit(code)
+
+
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
+
+
+def _fork(preload: list[str]) -> ForkedZygote:
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    _flush()
     pid = os.fork()
     if pid == 0:
         _become_zygote(to_child_r, from_child_w, preload)
@@ -170,11 +245,13 @@ def _become_zygote(stdin_fd: int, stdout_fd: int, preload: list[str]) -> NoRetur
         os._exit(code)
 
 
-def _leave_parent(stdin_fd: int, stdout_fd: int) -> None:
-    """In the child: nothing of the parent's handlers, hooks or files stays active."""
+def _leave_parent(stdin_fd: int, stdout_fd: int, stderr_fd: int | None = None, keep: int | None = None) -> None:
+    """In the child: nothing of the parent's handlers, hooks or files stays active (but ``keep``'s)."""
     os.setsid()
     for name in _RESET_SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_DFL)
+    # as Python sets it at start: a write to a closed pipe raises BrokenPipeError rather than killing silently
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     faulthandler.disable()
     atexit._clear()  # the parent's exit work (a coverage save, a cache write) is not ours
     for handler in list(logging.root.handlers):
@@ -184,13 +261,13 @@ def _leave_parent(stdin_fd: int, stdout_fd: int) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(stdin_fd, 0)
     os.dup2(stdout_fd, 1)
-    os.dup2(null, 2)
+    os.dup2(null if stderr_fd is None else stderr_fd, 2)
     # Every other file of the parent's (its other zygotes' pipes, its terminal, its sockets) let go of:
     # pointed at /dev/null rather than closed, so that an object of the parent's that closes its own fd
     # one day never closes a file of the ranks' that took the same number.
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd > 2 and fd != null:
+        if fd > 2 and fd not in (null, keep):
             try:
                 os.dup2(null, fd)
             except OSError:  # the listing's own fd, closed by now

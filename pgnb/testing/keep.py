@@ -3,8 +3,9 @@
 The client's side, run before collection (``pytest_cmdline_main``): find the keeper of this user, project
 and interpreter by its socket, hand it the run (arguments, directory, environment, and the terminal as
 file descriptors), forward a Ctrl-C, and exit with the keeper's exit status. With no keeper yet, the run
-runs here, cold, as without the option; when it ends (its worlds stopped), it starts the keeper, which
-imports torch and starts the worlds this run used while the developer edits. A run that cannot be handed
+runs here, cold, as without the option. Once it has collected it forks the keeper (which then has what this
+run imported), and when it ends (its worlds stopped) it wakes it: the keeper starts the worlds this run used
+while the developer edits. A run that cannot be handed
 over (``-n`` workers, ``--cov``, the keeper busy with another run) runs here after one line that says why.
 """
 
@@ -37,6 +38,7 @@ DEFAULT_IDLE = 600.0
 MAX_SOCKET_PATH = 107
 _KEEPER = pytest.StashKey[tuple[str, str, float]]()  # a cold run's: the kept process to start when it ends
 _WARM = pytest.StashKey[dict[str, Any]]()  # what that process starts before the next run: worlds, preloads
+_FORKED = pytest.StashKey[Any]()  # that process, forked from this one at collection's end, waiting for its end
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -99,6 +101,26 @@ def _here(why: str) -> None:
     sys.stderr.write(f"pgnb: {OPTION}: this run is not handed to a kept process ({why}); it runs here\n")
 
 
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> object:
+    """The cold run's kept process, forked now: it has what this run imported (pytest, its plugins, torch and
+    torch's harness for ``--pgnb-torch``), so it serves the next run without importing them again. It waits
+    until this run ends (``pytest_unconfigure``), and ends with it if it is never woken."""
+    result = yield
+    started = session.config.stash.get(_KEEPER, None)
+    if started is not None:
+        from ..core import cluster
+
+        path, log, idle = started
+        forked = cluster.fork_waiting(keeper.woken(path, str(session.config.rootpath), idle), log)
+        if isinstance(forked, str):  # a thread, or a tracer: it is started afresh when the run ends
+            if session.config.option.verbose > 0:
+                sys.stderr.write(f"pgnb: {OPTION}: the kept process is not forked from this run ({forked})\n")
+        else:
+            session.config.stash[_FORKED] = forked
+    return result
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The worlds this cold run used, for the kept process to start before the next run asks for them."""
     if _KEEPER in session.config.stash:
@@ -119,13 +141,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     path, log, idle = started
     warm: dict[str, Any] = config.stash.get(_WARM, {"worlds": [], "preload": []})
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pgnb.testing.keeper", "--socket", path, "--root", str(config.rootpath),
-             "--idle", str(idle), "--warm", json.dumps(warm)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=str(config.rootpath),
-            start_new_session=True)
-    sys.stderr.write(f"pgnb: {OPTION}: the kept process (pid {proc.pid}) warms up for the next run; it ends "
+    forked = config.stash.get(_FORKED, None)
+    if forked is not None:
+        forked.wake(warm)
+        pid = forked.pid
+    else:
+        with open(log, "ab") as out:
+            pid = subprocess.Popen(
+                [sys.executable, "-m", "pgnb.testing.keeper", "--socket", path, "--root", str(config.rootpath),
+                 "--idle", str(idle), "--warm", json.dumps(warm)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=str(config.rootpath),
+                start_new_session=True).pid
+    sys.stderr.write(f"pgnb: {OPTION}: the kept process (pid {pid}) warms up for the next run; it ends "
                      f"after {idle:g} s without one\n")
 
 

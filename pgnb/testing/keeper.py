@@ -2,10 +2,12 @@
 
 A developer runs the same distributed test after every edit. Most of a cold run is fixed cost: Python's
 and pytest's start, importing torch and torch's test harness (in pytest's process and on every rank), and
-starting a world. The keeper pays it once. It is a process of its own (``python -m pgnb.testing.keeper``),
-started when the first, cold ``--pgnb-keep`` run ends (``pgnb.testing.keep``). It listens on a Unix socket
-at once, imports torch, torch's test harness and pytest, and starts the worlds that run used, while the
-developer edits. Each later ``pytest --pgnb-keep`` is a thin client: before its collection it hands its
+starting a world. The keeper pays it once. The first, cold ``--pgnb-keep`` run forks it once it has
+collected (``pgnb.testing.keep``; the child has pytest, its plugins, torch and torch's harness imported
+already) and wakes it when it ends; it then forks its worlds' zygotes from itself and starts the worlds that
+run used, while the developer edits. Where the run cannot fork (a thread of its own, a tracer), the keeper
+is started afresh when it ends (``python -m pgnb.testing.keeper``) and imports them itself. Either way it
+listens on a Unix socket at once. Each later ``pytest --pgnb-keep`` is a thin client: before its collection it hands its
 arguments, directory, environment and terminal (its stdin, stdout and stderr, as file descriptors) to the
 keeper, which runs ``pytest.main`` on them in its own process with its warm worlds, and answers the exit
 status.
@@ -36,7 +38,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -261,6 +263,29 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _end)  # `kill PID`: the worlds stopped and the socket removed, as when idle
     Keeper(args.socket, args.root, args.idle).serve(json.loads(args.warm))
+
+
+def woken(path: str, project: str, idle: float) -> Callable[[dict[str, Any]], int]:
+    """What a keeper forked from the cold run (``pgnb.testing.keep``) does once that run ends and wakes it with
+    what it used: serve, as ``main`` would, with nothing left to import. It forgets the project's modules the
+    run imported, then forks its worlds' zygotes from itself (torch and the harness in them already)."""
+
+    def serve(warm: dict[str, Any]) -> int:
+        from ..core import cluster
+        from ..rank.project_code import forget_project_modules
+
+        os.chdir(project)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _end)
+        forget_project_modules(project)
+        cluster.ZYGOTE_PRELOAD[:] = list(warm.get("preload", []))
+        why = cluster.fork_zygotes(len(warm.get("worlds", [])))
+        if why:
+            _log.warning("zygotes not forked from the kept process (%s): its worlds import torch again", why)
+        Keeper(path, project, idle).serve(warm)
+        return 0
+
+    return serve
 
 
 def _preload() -> None:
