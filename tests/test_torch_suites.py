@@ -14,6 +14,7 @@ skips the rest of the class), and so does a hung one.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -269,9 +270,21 @@ def _run_suite(pytester: pytest.Pytester, mode: str, *args: str) -> tuple[pytest
 
 # The two halves of one check, each against EXPECTED: the same verdicts both ways. Apart, so that the
 # support matrix (make matrix) runs the warm half alone, without torch's spawning (3-4 minutes here).
+GC_PROBE = """
+import gc, json
+def pytest_runtest_setup(item):
+    with open("gc.json", "w") as f:
+        json.dump({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}, f)
+"""
+
+
 def test_verdicts_on_warm_ranks(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(GC_PROBE)
     warm, got = _run_suite(pytester, "pgnb", "--pgnb-torch")
     assert got == EXPECTED, warm.stdout.str()
+    # pytest's process: what collection left alive (torch among it) frozen, the collector on for the tests
+    collector = json.loads((pytester.path / "gc.json").read_text())
+    assert collector["enabled"] and collector["frozen"] > 100_000, collector
     out = warm.stdout.str()
     # the rank that raised comes first, with its own traceback; the rank that waited for it is its consequence
     assert "rank 1 failed first: AssertionError" in out and "rank 1 disagrees" in out
@@ -284,6 +297,16 @@ def test_verdicts_on_warm_ranks(pytester: pytest.Pytester) -> None:
     assert "test_suite.py::TestSuite::test_own_process: its code calls os._exit" in out
     assert ("test_suite.py::TestSuite::test_any_exit_status: it expects an exit status of its own "
             "(skip_return_code_checks)") in out, out
+
+
+def test_a_failed_collection_leaves_the_collector_on(pytester: pytest.Pytester) -> None:
+    import gc
+
+    pytester.makepyfile(test_broken="def test_x(:\n    pass\n")
+    assert gc.isenabled()
+    result = pytester.inline_run("-p", "no:cacheprovider", "--pgnb-torch")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert gc.isenabled()
 
 
 @pytest.mark.slow  # torch's own spawning of the suite (~50 s on a worker): make soak; make test runs the warm half
