@@ -22,7 +22,7 @@ from IPython.utils.capture import capture_output
 
 import pgnb
 from pgnb.core.cluster import EnginePool, mpi_environment
-from pgnb.core.rendezvous import EngineInfo, rank_order
+from pgnb.core.rendezvous import EngineInfo, engines_wanted, keep_rank_numbers, rank_order
 from pgnb.errors import EngineStartError
 from pgnb.rank.engine import describe
 
@@ -57,6 +57,20 @@ def test_rank_order_follows_the_launchers_numbering_when_engine_ids_disagree():
 def test_rank_order_picks_the_lowest_launcher_ranks_for_a_smaller_world():
     engines = [_info(0, 3), _info(1, 2), _info(2, 1), _info(3, 0)]
     assert [e.engine_id for e in rank_order(engines, 2, use_launcher_rank=True)] == [3, 2]
+
+
+@pytest.mark.parametrize(("alive", "world", "wanted", "ranks"), [
+    ([0, 2, 3], 3, 4, [0, 4, 2]),  # rank 1 lost, shrink: a new engine for 1; the old rank 3 never takes it
+    ([0, 2, 3, 9], 3, 4, [0, 9, 2]),  # ... unless an idle engine (not a rank before) is there
+    ([0, 1, 2, 3], 2, 4, [0, 1]),  # a plain shrink needs nothing new
+    ([0, 1, 3], 4, 4, [0, 1, 4, 3]),  # rank 2 lost: replaced in place
+    ([], 2, 2, [4, 5]),  # nothing left: a world of new engines
+])
+def test_a_free_rank_number_takes_a_new_engine_never_a_survivor_of_another_number(alive, world, wanted, ranks):
+    previous = [_info(i, None) for i in range(4)]
+    assert engines_wanted(previous, alive, world) == wanted
+    pool = [_info(i, None) for i in alive] + [_info(4 + k, None) for k in range(wanted - len(alive))]
+    assert [e.engine_id for e in keep_rank_numbers(previous, pool, world, use_launcher_rank=False)] == ranks
 
 
 @pytest.mark.parametrize("numbers", [[0, 1, None], [0, 0, 1]], ids=["missing", "repeated"])

@@ -131,3 +131,19 @@ def test_keep_grows_the_world_and_ranks_0_to_3_keep_their_values(kernel):
     text, _ = reinit(kernel, INIT)
     assert "every rank starts with an empty namespace" in text, text
     assert [v[0] for v in ask(kernel).values()] == ["None"] * 4
+
+
+def test_a_smaller_world_after_a_lost_rank_gives_the_lost_number_a_new_engine(kernel):
+    """World 4 -> 3 with rank 1 lost: rank 1 gets a new engine, ranks 0 and 2 keep theirs, and the old rank 3
+    does not take number 1 (before: "only 2 of the 3 engines are up", and the whole world was stopped)."""
+    reinit(kernel, INIT + " --force")  # 4 engines, none idle (the world of 6 left two)
+    assert kernel.execute("%%pg\nx = rank * 10").status == "ok"
+    before = ask(kernel)
+    assert kernel.execute("%pg_kill 1").status == "ok"
+    text, _ = reinit(kernel, "%pg_init --backend gloo --world 3 --keep")
+    assert "rank 1 replaced (empty namespace); ranks 0, 2 kept" in text, text
+    after = ask(kernel)
+    assert [after[r][0] for r in range(3)] == ["0", "None", "20"]
+    assert [after[r][1] for r in (0, 2)] == [before[r][1] for r in (0, 2)]
+    assert after[1][1] not in {pid for _, pid, _ in before.values()}
+    assert {s for _, _, s in after.values()} == {3}

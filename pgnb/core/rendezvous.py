@@ -75,6 +75,19 @@ def keep_rank_numbers(previous: list[EngineInfo], engines: list[EngineInfo], wor
     return out
 
 
+def engines_wanted(previous: list[EngineInfo], engine_ids: list[int], world: int) -> int:
+    """How many engines ``keep_rank_numbers`` needs to fill ``world`` ranks, given the pool's ``engine_ids``.
+
+    A free number below ``world`` (its engine lost, or beyond the previous world) takes an engine that was
+    not a rank before; a survivor numbered ``world`` or above leaves and never takes a lower number. So
+    shrinking 3 -> 2 with rank 1 lost starts an engine for rank 1 while the old rank 2 sits idle.
+    """
+    have = set(engine_ids)
+    was = {e.engine_id for e in previous}
+    free = sum(1 for r in range(world) if r >= len(previous) or previous[r].engine_id not in have)
+    return len(have) + max(0, free - len(have - was))
+
+
 def store_bind(spec: WorldSpec, rank0: EngineInfo) -> tuple[str, int]:
     """The (address, port) rank 0 binds its store socket to; port 0 = any free port."""
     url = spec.init_url

@@ -40,7 +40,7 @@ from .health import Health
 from .hosting import Hosting
 from .interrupts import deferred
 from .remote import error_line
-from .rendezvous import EngineInfo, keep_rank_numbers
+from .rendezvous import EngineInfo, engines_wanted, keep_rank_numbers
 from .rendezvous_run import Rendezvous
 from .snapshot import RankStatus, Snapshot, fresh_rows
 from .status import ask_ranks
@@ -410,9 +410,10 @@ class World:
                 raise KeyboardInterrupt
             hosting.pool.connect(spec.world, progress)
         else:
-            self._hosting.pool.step = ""
-            self._hosting.pool.check = self._check_dependencies
-            self._hosting.pool.ensure_engines(spec.world, progress)
+            pool = self._hosting.pool
+            pool.step = ""
+            pool.check = self._check_dependencies
+            pool.ensure_engines(engines_wanted(self._previous, pool.ids(), spec.world), progress)
         self._watch_pool()
 
     def _meet_new_engines(self) -> None:
