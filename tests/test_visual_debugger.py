@@ -493,6 +493,7 @@ def test_raised_exceptions_after_a_late_load_stop_in_no_library(late):
     """The kernel's debugpy was attached before pgnb was there: it is told not to trace pgnb and the libraries it
     drives a world with all the same (else "raised" stopped the kernel in ipyparallel's KeyErrors, four times)."""
     late.request("setExceptionBreakpoints", {"filters": ["raised"]})
+    late.events.clear()  # what the tests before said (a rank "still stopped" as the other was continued)
     try:
         running = late.run("%%pg\nx = 1 / rank\nprint(x)\n")
         kernel_stops, deadline = [], time.monotonic() + 60
@@ -504,7 +505,10 @@ def test_raised_exceptions_after_a_late_load_stop_in_no_library(late):
             late.events.remove(stop)
             thread = stop["body"]["threadId"]
             if thread >= RANK_THREAD:
-                assert rank_of(stop) == 0 and late.frames(thread)[0]["line"] == 2
+                frames = late.frames(thread)
+                if not frames and stop["body"].get("description", "").endswith("still stopped"):
+                    continue  # a reminder the bridge sent as the rank was being continued: nothing is stopped
+                assert rank_of(stop) == 0 and frames and frames[0]["line"] == 2, (stop, frames)
                 late.request("evaluate", {"expression": "%pg_continue", "context": "repl"}, running=running)
                 continue
             kernel_stops.append(late.frames(thread)[0]["source"].get("path", ""))
