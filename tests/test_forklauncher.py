@@ -91,8 +91,11 @@ def _engine_set(cluster: ipp.Cluster, engine_set_id: str | None = None) -> ForkE
 
 
 def _engine_facts() -> dict[str, Any]:
+    import gc
     import os
     import sys
+
+    from pgnb.rank.engine import init_rank
 
     return {
         "pid": os.getpid(),
@@ -103,6 +106,8 @@ def _engine_facts() -> dict[str, Any]:
         "cpp_log_level": os.environ.get("TORCH_CPP_LOG_LEVEL"),
         "stdout": os.readlink("/proc/self/fd/1"),
         "stderr": os.readlink("/proc/self/fd/2"),
+        # imported by the zygote before it froze what it had and forked: every rank shares it, none imports it
+        "rank_code_from_zygote": gc.is_tracked(init_rank) and not any(o is init_rank for o in gc.get_objects()),
     }
 
 
@@ -143,6 +148,7 @@ def test_engines_register_and_run_with_torch_preloaded(cluster: tuple[ipp.Cluste
         assert f["torch"] and f["torch.distributed"]
         assert f["env"] == "from-launcher"
         assert f["cpp_log_level"] == "ERROR"
+        assert f["rank_code_from_zygote"]
 
 
 def _all_reduce_rank(rank: int, store_dir: str) -> list[float]:

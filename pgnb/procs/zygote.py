@@ -100,6 +100,10 @@ ENGINE_MODULES = (
     # tqdm.auto loads ipywidgets wherever ipykernel is loaded: once here, shared by every engine,
     # rather than ~80 ms a rank at init (pgnb.rank.engine.text_progress_bars then picks the text bar)
     "tqdm.auto",
+    # what every rank runs: pgnb's side of the rendezvous and of each cell (its typed messages take ~20 ms to
+    # define, once here rather than in each rank); oinspect is what the shell imports as it starts
+    "pgnb.rank.engine",
+    "IPython.core.oinspect",
 )
 
 #: At shutdown, how long nannies may outlive the last engine.
