@@ -37,6 +37,7 @@ from typing import Any
 import psutil
 
 from benchmarks._runner import ROOT, run_case
+from benchmarks.resolver import isolated_net_missing
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 PAGE = os.path.join(ROOT, "docs", "performance.md")
@@ -107,6 +108,7 @@ def collect(p: dict[str, Any], only: list[str] | None = None) -> dict[str, Any]:
     for w in sc["worlds"]:
         sample(f"scale_w{w}", "scale", world=w, cells=sc["cells"] if w <= 16 else max(5, sc["cells"] // 2),
                queries=sc["queries"])
+    resolver_samples(max(sc["worlds"]), sample)
     log("Slurm: %pg_init --launcher slurm --world 4 beside --launcher fork, on the tests' one-node cluster")
     sample("slurm_cold", "slurm_cold", world=4, rounds=p["rounds"])
     log("live %%pg in a Jupyter kernel: latency, a print flood vs %%px --stream, a trivial cell, a compute loop")
@@ -117,6 +119,18 @@ def collect(p: dict[str, Any], only: list[str] | None = None) -> dict[str, Any]:
     sample("world_marker", "world_marker", **p["world_marker"])
     harness_samples(p, list(ONLY), sample)
     return raw
+
+
+def resolver_samples(world: int, sample: Any) -> None:
+    """The resolver's share of the biggest world's start (benchmarks/resolver.py): that world again with no DNS
+    server to ask, and plain torch's init of as many forked ranks, both ways."""
+    if missing := isolated_net_missing():
+        log(f"the resolver's share: not measured ({missing})")
+        return
+    log(f"the resolver's share: world {world} cold with no DNS server to ask; plain torch's {world}-rank init both ways")
+    sample(f"w{world}_no_dns", "pgnb_cold", isolated_net=True, world=world)
+    sample("torch_init_here", "torch_forked_init", n=world)
+    sample("torch_init_no_dns", "torch_forked_init", isolated_net=True, n=world)
 
 
 def harness_samples(p: dict[str, Any], only: list[str], sample: Any) -> None:
@@ -304,6 +318,12 @@ def scale_rows(raw: dict[str, Any], row: Any) -> None:
         headline=(f"`%pg_init --world {big}` from nothing, on 2 cores", ""),
         note=f"all_reduce correct: {b['allreduce_correct']}; the rendezvous (torch's gloo mesh of "
              f"{big * (big - 1) // 2} pairs) from {b['phases'].get('rendezvous', float('nan')):.2f} s")
+    if (alone := raw.get(f"w{big}_no_dns")) and raw.get("torch_init_here") and raw.get("torch_init_no_dns"):
+        here, no_dns = raw["torch_init_here"][0], raw["torch_init_no_dns"][0]
+        row(f"… the same with no DNS server to ask (a network namespace with loopback only), vs here",
+            alone[0]["init"], b["init"], "s", "(the resolver's share)", True,
+            note=f"plain torch, {big} forked ranks' init_process_group: {here['init']:.2f} s here ({here['waited']} "
+                 f"of {big} ranks waited over 4 s), {no_dns['init']:.2f} s with no DNS server to ask")
     row(f"`%pg_shutdown`, world {big}, until every process has exited", b["all_exited"], None, "s",
         "≤ 2 s, nothing left", b["all_exited"] <= 2 and b["left_running"] == 0 and b["killed"] == 0,
         note=f"left running {b['left_running']}, killed {b['killed']:.0f}")

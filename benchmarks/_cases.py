@@ -27,6 +27,8 @@ Cases (see ``CASES``):
 - ``torch_distributed``, ``torch_continuous``: torch's ``DistributedTest`` suite under torch's spawning, and
   ``MultiProcContinuousTest`` classes under torch's continuous harness, each beside ``pytest --pgnb-torch``
   (``benchmarks/torch_harnesses.py``).
+- ``torch_forked_init``: plain torch's ``init_process_group`` on N forked ranks, no pgnb: the resolver's share of a
+  big world's start (``benchmarks/resolver.py``; run with and without a DNS server to ask).
 - ``inner_loop``: one test of torch's ``DistributedTest`` suite from the command line: torch's spawning,
   ``--pgnb-torch`` cold, and ``--pgnb-keep``'s first and second runs (``benchmarks/inner_loop.py``).
 """
@@ -51,6 +53,7 @@ if __package__ in (None, ""):  # `python benchmarks/_cases.py`: make `benchmarks
 
 from benchmarks import baselines
 from benchmarks.inner_loop import inner_loop
+from benchmarks.resolver import torch_forked_init
 from benchmarks.slurm_cold import slurm_cold
 from benchmarks.torch_harnesses import torch_continuous, torch_distributed, torch_unseen
 from benchmarks.torch_suite import torch_suite
@@ -590,6 +593,7 @@ CASES: dict[str, Callable[..., dict[str, Any]]] = {
     "world_marker": world_marker,
     "slurm_cold": slurm_cold,
     "inner_loop": inner_loop,
+    "torch_forked_init": torch_forked_init,
 }
 
 

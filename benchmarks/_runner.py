@@ -14,14 +14,19 @@ from typing import Any
 
 import psutil
 
+from benchmarks.resolver import ISOLATED_NET
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASE_TIMEOUT = 600.0
 #: Cases that take longer: torch's own spawning runs benchmarks/dist_suite at ~5-15 s a test on 2 cores
 LONG_CASES = {"torch_suite": 1800.0, "torch_distributed": 10800.0, "torch_continuous": 1800.0, "torch_unseen": 1800.0}
 
 
-def run_case(name: str, **kwargs: Any) -> dict[str, Any]:
-    """One case in a fresh interpreter and IPYTHONDIR; whatever it leaves behind is killed by pid."""
+def run_case(name: str, isolated_net: bool = False, **kwargs: Any) -> dict[str, Any]:
+    """One case in a fresh interpreter and IPYTHONDIR; whatever it leaves behind is killed by pid.
+
+    ``isolated_net``: in a network namespace with only loopback (``benchmarks/resolver.py``).
+    """
     ipython_dir = tempfile.mkdtemp(prefix="pgnb-bench-ipython-")
     fd, out_path = tempfile.mkstemp(prefix="pgnb-bench-", suffix=".json")
     os.close(fd)
@@ -29,7 +34,8 @@ def run_case(name: str, **kwargs: Any) -> dict[str, Any]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks._cases", name, out_path, json.dumps(kwargs)],
+    prefix = ISOLATED_NET if isolated_net else []
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "benchmarks._cases", name, out_path, json.dumps(kwargs)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     timeout = LONG_CASES.get(name, CASE_TIMEOUT)
     try:
