@@ -127,7 +127,7 @@ def resolver_samples(world: int, sample: Any) -> None:
     if missing := isolated_net_missing():
         log(f"the resolver's share: not measured ({missing})")
         return
-    log(f"the resolver's share: world {world} cold with no DNS server to ask; plain torch's {world}-rank init both ways")
+    log(f"the resolver's share: world {world} cold with no DNS server to ask; plain torch's {world} ranks both ways")
     sample(f"w{world}_no_dns", "pgnb_cold", isolated_net=True, world=world)
     sample("torch_init_here", "torch_forked_init", n=world)
     sample("torch_init_no_dns", "torch_forked_init", isolated_net=True, n=world)
@@ -320,7 +320,7 @@ def scale_rows(raw: dict[str, Any], row: Any) -> None:
              f"{big * (big - 1) // 2} pairs) from {b['phases'].get('rendezvous', float('nan')):.2f} s")
     if (alone := raw.get(f"w{big}_no_dns")) and raw.get("torch_init_here") and raw.get("torch_init_no_dns"):
         here, no_dns = raw["torch_init_here"][0], raw["torch_init_no_dns"][0]
-        row(f"… the same with no DNS server to ask (a network namespace with loopback only), vs here",
+        row("… the same with no DNS server to ask (a network namespace with loopback only), vs here",
             alone[0]["init"], b["init"], "s", "(the resolver's share)", True,
             note=f"plain torch, {big} forked ranks' init_process_group: {here['init']:.2f} s here ({here['waited']} "
                  f"of {big} ranks waited over 4 s), {no_dns['init']:.2f} s with no DNS server to ask")
