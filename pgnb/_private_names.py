@@ -158,6 +158,8 @@ NAMES: tuple[PrivateName, ...] = (
                 "every %pg_init --force leaves ipyparallel's sync thread (and 3 fds) in the kernel"),
     PrivateName("ipyparallel", "ipyparallel.cluster.launcher:LocalProcessLauncher._wait", "processes",
                 "core/cluster.py", "a lost rank's cause (\"killed by SIGSEGV\") is not reported"),
+    PrivateName("ipyparallel", "ipyparallel.cluster.launcher:LocalProcessLauncher._start_waiting", "processes",
+                "core/cluster.py", "pytest --pgnb-torch starts the world's controller after collection, not during it"),
     PrivateName("ipyparallel", "ipyparallel.cluster.shellcmd:ShellCommandSend._check_output", "processes",
                 "procs/sshlauncher.py", "a dead SSH engine's stop writes the remote traceback to stderr"),
     PrivateName("ipyparallel", "ipyparallel.cluster.launcher:SSHLauncher._ssh_sender", "processes",

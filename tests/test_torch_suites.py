@@ -22,6 +22,7 @@ import textwrap
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -435,3 +436,92 @@ def test_kill_9_of_pytest_during_a_continuous_class_leaves_nothing(pytester: pyt
         proc.wait(10)
     left = wait_gone(ours, timeout=10)
     assert not left, [(p, psutil.Process(p).cmdline()[:3]) for p in left]
+
+
+def _run_with_pgnb_torch(path: Path, ipythondir: Path, *args: str) -> Any:
+    import subprocess
+
+    ipythondir.mkdir(exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pgnb-torch", *args],
+                            cwd=path, env={**os.environ, "IPYTHONDIR": str(ipythondir)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _ours(ipythondir: Path, but: int) -> dict[int, str]:
+    """The processes that run with ``ipythondir`` (a test's own), but ``but``: pid -> command line."""
+    import psutil
+
+    found = {}
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != but and p.environ().get("IPYTHONDIR") == str(ipythondir):
+                found[p.pid] = " ".join(p.cmdline()[:4])
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+def test_the_world_takes_the_controller_started_while_pytest_collects(pytester: pytest.Pytester, tmp_path) -> None:
+    pytester.makepyfile(test_h=textwrap.dedent("""
+        import torch
+        import torch.distributed as dist
+        from torch.testing._internal.common_distributed import MultiProcContinuousTest
+
+
+        class TestSum(MultiProcContinuousTest):
+            world_size = 2
+
+            @classmethod
+            def backend_str(cls):
+                return "gloo"
+
+            def test_sum(self):
+                t = torch.ones(1)
+                dist.all_reduce(t)
+                assert t.item() == 2
+    """))
+    proc = _run_with_pgnb_torch(pytester.path, tmp_path / "ipython", "-v", "test_h.py")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "1 passed" in out, out
+    assert "pgnb: 2 zygotes forked from pytest" in out, out  # the controller started before left no thread
+    assert "pgnb: the world took the controller started while pytest collected" in out, out
+    assert not _ours(tmp_path / "ipython", proc.pid), "left running"
+
+
+def test_kill_9_of_pytest_while_it_collects_stops_the_controller_started_ahead(pytester: pytest.Pytester,
+                                                                               tmp_path) -> None:
+    import signal
+
+    from conftest import wait_gone
+
+    collecting = tmp_path / "collecting"
+    pytester.makepyfile(test_slow=textwrap.dedent(f"""
+        import time
+        from torch.testing._internal.common_distributed import MultiProcContinuousTest
+
+        open({str(collecting)!r}, "w").close()
+        time.sleep(120)  # still collecting when pytest is killed
+
+
+        class TestNever(MultiProcContinuousTest):
+            world_size = 2
+
+            def test_never(self):
+                pass
+    """))
+    proc = _run_with_pgnb_torch(pytester.path, tmp_path / "ipython", "-q", "test_slow.py")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (collecting.exists() and any(
+                "ipyparallel.controller" in cmd or "ipcontroller" in cmd
+                for cmd in _ours(tmp_path / "ipython", proc.pid).values())):
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.1)
+        ours = _ours(tmp_path / "ipython", proc.pid)
+        assert collecting.exists() and len(ours) >= 2, ours  # the controller (its processes) and the reaper
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+    left = wait_gone(set(ours), timeout=10)
+    assert not left, {p: ours[p] for p in left}

@@ -78,6 +78,9 @@ _EXIT_STATUS_KEEP = 256
 _local_engine_set: type | None = None
 _local_controller: type | None = None
 _reaped: type | None = None
+#: While not None, a local controller started by this pid waits for its process in a thread only once
+#: ``start_deferred_waits`` runs (each thread's start is kept here meanwhile).
+_deferred_waits: tuple[int, list[Callable[[], None]]] | None = None
 
 
 def exit_status(pid: int) -> int | None:
@@ -157,6 +160,12 @@ def local_controller() -> type:
                 with undebugged():
                     return super().start()
 
+            def _start_waiting(self) -> None:
+                if _deferred_waits is not None and _deferred_waits[0] == os.getpid():  # pgnb.core.head_start
+                    _deferred_waits[1].append(super()._start_waiting)  # no thread until the forks are done
+                else:  # a process forked meanwhile (the kept one) defers nothing
+                    super()._start_waiting()
+
             def _wait(self) -> None:
                 with contextlib.suppress(Exception):
                     self.process = reaped(self.pid)
@@ -164,6 +173,29 @@ def local_controller() -> type:
 
         _local_controller = _Controller
     return _local_controller
+
+
+def defer_waits() -> None:
+    """From now on, a local controller started waits for its process in no thread, until
+    ``start_deferred_waits``: this process may still fork (``pgnb.procs.prefork``)."""
+    global _deferred_waits
+    if _deferred_waits is None or _deferred_waits[0] != os.getpid():
+        _deferred_waits = (os.getpid(), [])
+
+
+def can_defer_waits() -> bool:
+    """ipyparallel's local launchers still start their waiting thread where ``defer_waits`` defers it."""
+    from ipyparallel.cluster.launcher import LocalProcessLauncher
+
+    return callable(getattr(LocalProcessLauncher, "_start_waiting", None))
+
+
+def start_deferred_waits() -> None:
+    """Start the threads that wait on the controllers started since ``defer_waits``; defer no more."""
+    global _deferred_waits
+    pending, _deferred_waits = _deferred_waits, None
+    for start in pending[1] if pending is not None and pending[0] == os.getpid() else []:
+        start()
 
 
 def with_local_controller(cluster: Any) -> Any:
@@ -254,6 +286,32 @@ def _quiet() -> Any:
         yield
 
 
+def claim_files(cluster: Any, launcher: str, reaper: Reaper | None) -> str | None:
+    """Before ``cluster``'s controller writes anything: sweep up after dead owners, then mark the cluster as
+    ``reaper``'s; the state file written, if any.
+
+    The state file lets a later pgnb (or this world's reaper) prove these
+    files are pgnb's; the cluster file is made 0600 before ipyparallel
+    writes into it (it would be 0644; the connection files are 0600 already).
+    """
+    profile_dir = str(cluster.profile_dir)
+    try:
+        removed = sweep(profile_dir)
+    except Exception as e:  # never let cleanup of someone's leftovers block a start
+        _log.debug("sweep of %s: %s", profile_dir, e)
+        removed = []
+    if removed:
+        _log.info("pgnb removed %d leftover file(s) of a dead kernel's cluster", len(removed))
+    if reaper is None:
+        return None
+    state_file = write_state(profile_dir, str(cluster.cluster_id), reaper.token)
+    reaper.own_cluster(state_file)
+    private_file(str(cluster.cluster_file))
+    if launcher not in LOOPBACK_LAUNCHERS:  # engines elsewhere (ssh, slurm): only their launcher reaches them
+        reaper.own_launched(str(cluster.cluster_file))
+    return state_file
+
+
 class EnginePool:
     """An ipyparallel controller + engines, started by pgnb or attached to."""
 
@@ -318,15 +376,20 @@ class EnginePool:
             raise EngineStartError(
                 f"no ipyparallel cluster found for {what}: {first}; start one with `{start}`") from None
 
-    def _start_controller(self, engines: int = 0) -> None:
-        """Start the controller, then (``engines`` > 0, a local launcher) the engines, then connect."""
-        early = engines > 0 and self.launcher in LOCAL_LAUNCHERS
+    def start_controller(self, engines: int = 0) -> None:
+        """Start the controller alone (its engines, ``engines`` of them when local, come later)."""
         self.step = "starting the controller"
         self.cluster = self.make_cluster(engines)
-        self._claim_files()
+        self.state_file = claim_files(self.cluster, self.launcher, self.reaper)
         with _quiet():
             self.cluster.start_controller_sync()
         self._own_controller()
+
+    def _start_controller(self, engines: int = 0) -> None:
+        """Start the controller (unless started ahead), then a local launcher's ``engines``, then connect."""
+        early = engines > 0 and self.launcher in LOCAL_LAUNCHERS
+        if self.cluster is None:
+            self.start_controller(engines)
         if early:
             self.step = "starting the engines (the zygote imports torch)" if self.launcher == "pgnb.fork" \
                 else "starting the engines"
@@ -424,29 +487,6 @@ class EnginePool:
         if "error" in box:
             raise box["error"]
         return box.get("value")
-
-    def _claim_files(self) -> None:
-        """Before the controller writes anything: sweep up after dead owners, then mark this cluster as ours.
-
-        The state file lets a later pgnb (or this world's reaper) prove these
-        files are pgnb's; the cluster file is made 0600 before ipyparallel
-        writes into it (it would be 0644; the connection files are 0600 already).
-        """
-        profile_dir = str(self.cluster.profile_dir)
-        try:
-            removed = sweep(profile_dir)
-        except Exception as e:  # never let cleanup of someone's leftovers block a start
-            _log.debug("sweep of %s: %s", profile_dir, e)
-            removed = []
-        if removed:
-            _log.info("pgnb removed %d leftover file(s) of a dead kernel's cluster", len(removed))
-        if self.reaper is None:
-            return
-        self.state_file = write_state(profile_dir, str(self.cluster.cluster_id), self.reaper.token)
-        self.reaper.own_cluster(self.state_file)
-        private_file(str(self.cluster.cluster_file))
-        if self.launcher not in LOOPBACK_LAUNCHERS:  # engines elsewhere (ssh, slurm): only their launcher reaches them
-            self.reaper.own_launched(str(self.cluster.cluster_file))
 
     def _own_controller(self) -> None:
         proc = getattr(self.cluster.controller, "process", None)

@@ -33,6 +33,7 @@ from ..errors import (
     WorldBroken,
 )
 from ..spec import WorldSpec, keywords_signature
+from . import head_start
 from .busy import Busy
 from .cluster import EnginePool, exit_status
 from .files import OwnedDir
@@ -403,7 +404,7 @@ class World:
         self._step = Step.STARTING_ENGINES
         if self._hosting is None:
             with deferred() as note:  # a reaper and a pool that knows it, or neither
-                self._hosting = hosting = Hosting(spec, self._check_dependencies)
+                self._hosting = hosting = head_start.hosting_for(spec, self._check_dependencies)
                 if hosting.reaper is not None:
                     self._health.watch_pids("reaper", [hosting.reaper.pid])
             if note.seen:

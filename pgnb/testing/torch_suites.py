@@ -73,7 +73,8 @@ PROCESS_CALLS = ("os._exit", "os.kill", "os.killpg", "os.abort", "os.fork", "sig
 HARNESS = "torch.testing._internal.common_distributed"
 
 #: torch's continuous harness (MultiProcContinuousTest classes), the same option's other half
-pytest_plugins = ["pgnb.testing.torch_continuous", "pgnb.testing.zygotes", "pgnb.testing.collection_gc"]
+pytest_plugins = ["pgnb.testing.torch_continuous", "pgnb.testing.zygotes", "pgnb.testing.collection_gc",
+                  "pgnb.testing.head_start"]
 
 _LEFT = pytest.StashKey[list[tuple[str, str]]]()  # config: (nodeid, reason) of each test left to torch's spawning
 SIZE = pytest.StashKey[int]()  # config: the largest world_size among the collected torch tests (both harnesses)
