@@ -40,12 +40,13 @@ def _options(spec: WorldSpec) -> tuple[str, str | None, str | None]:
 
 def start(spec: WorldSpec) -> None:
     """Start ``spec``'s reaper and controller now, for the first cold world of the same hosting options."""
-    global _started
+    global _started, _taken
+    _taken = False
     # attached, or engines elsewhere: nothing of ours to start early; nor if its waiting thread cannot wait
     if _started is not None or not spec.local or not cluster.can_defer_waits():
         return
-    cluster.defer_waits()
     hosting = Hosting(spec, lambda: None)
+    cluster.defer_waits()
     try:
         hosting.pool.start_controller(spec.world)
     except BaseException:
