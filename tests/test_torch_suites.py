@@ -383,6 +383,20 @@ def test_distributed_suite_runs_warm(pytester: pytest.Pytester) -> None:
     assert "Skipped due to small world size." in out, out  # torch's reason, from the ranks' exit status
 
 
+def _ours(ipythondir: Path, but: int) -> dict[int, str]:
+    """The processes that run with ``ipythondir`` (a test's own), but ``but``: pid -> command line."""
+    import psutil
+
+    found = {}
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != but and p.environ().get("IPYTHONDIR") == str(ipythondir):
+                found[p.pid] = " ".join(p.cmdline()[:4])
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
 def test_kill_9_of_pytest_during_a_continuous_class_leaves_nothing(pytester: pytest.Pytester, tmp_path) -> None:
     import signal
     import subprocess
@@ -420,12 +434,7 @@ def test_kill_9_of_pytest_during_a_continuous_class_leaves_nothing(pytester: pyt
             assert proc.poll() is None, "the inner pytest ended early"
             time.sleep(0.1)
         assert time.monotonic() < deadline, "the test never started on both ranks"
-        for p in psutil.process_iter(["pid"]):  # controller, zygote, engines, nannies, reaper
-            try:
-                if p.environ().get("IPYTHONDIR") == str(ipythondir) and p.pid != proc.pid:
-                    ours.add(p.pid)
-            except (psutil.Error, OSError):
-                pass
+        ours = set(_ours(ipythondir, proc.pid))  # controller, zygote, engines, nannies, reaper
         assert len(ours) >= 5, ours
         # the zygotes were forked from pytest itself (pgnb.procs.prefork): the world's, and the spare one
         forked = [p for p in ours if psutil.Process(p).ppid() == proc.pid
@@ -445,20 +454,6 @@ def _run_with_pgnb_torch(path: Path, ipythondir: Path, *args: str) -> Any:
     return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pgnb-torch", *args],
                             cwd=path, env={**os.environ, "IPYTHONDIR": str(ipythondir)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-
-
-def _ours(ipythondir: Path, but: int) -> dict[int, str]:
-    """The processes that run with ``ipythondir`` (a test's own), but ``but``: pid -> command line."""
-    import psutil
-
-    found = {}
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != but and p.environ().get("IPYTHONDIR") == str(ipythondir):
-                found[p.pid] = " ".join(p.cmdline()[:4])
-        except (psutil.Error, OSError):
-            pass
-    return found
 
 
 def test_the_world_takes_the_controller_started_while_pytest_collects(pytester: pytest.Pytester, tmp_path) -> None:

@@ -3,8 +3,8 @@
 ``pytest --pgnb-torch`` knows, before it collects, that a world will follow and where its
 processes will run (pgnb's fork launcher, on this machine). Its controller needs nothing that
 pytest collects, so it is started first (``start``), and the world's cold start takes it
-(``hosting_for``) instead of starting one (about 0.45 s less on 2 cores: the controller, a fresh
-Python, boots while pytest imports torch).
+(``hosting_for``) instead of starting one: the controller, a fresh Python, boots while pytest
+imports torch (a run 0.16-0.26 s shorter on 2 cores, docs/performance.md).
 
 Until the world takes it, no thread waits on the controller's process: the zygotes are forked
 from this process at collection's end, which must then have no thread but its own
