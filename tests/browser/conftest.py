@@ -49,7 +49,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 from urllib.parse import quote, urlsplit
 
 import pytest
@@ -281,6 +281,41 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+#: Tries at starting the Jupyter server, each on a port picked free a moment before
+PORT_TRIES = 3
+
+
+def _start_lab(options: list[str], env: dict[str, str], port: int, token: str, root: Path, home: Path,
+               marker: str, log_path: Path) -> tuple[LabServer, IO[bytes]]:
+    log = open(log_path, "wb")  # noqa: SIM115 - closed by the caller
+    cmd = [JUPYTER_PYTHON, "-m", "jupyterlab", f"--ServerApp.port={port}", *options]
+    # Own session: on a last-resort teardown we signal exactly our own group.
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return LabServer(f"http://127.0.0.1:{port}", token, root, home, proc, marker, 0.0, log_path), log
+
+
+def _wait_lab_up(server: LabServer, log: IO[bytes], t0: float, last_try: bool) -> bool:
+    """Whether the server answers; False when it exited because its port was taken (and this is not the
+    last try); fails the test on any other exit and on a server not up in time."""
+    assert server.log_path is not None
+    while True:
+        if server.proc.poll() is not None:
+            log.close()
+            text = server.log_path.read_text(errors="replace")
+            if ("is already in use" in text or "is not available" in text) and not last_try:
+                return False
+            pytest.fail(f"jupyter lab exited rc={server.proc.returncode}:\n{text[-3000:]}")
+        try:
+            server.api("/api/status", timeout=2)
+            return True
+        except (urllib.error.URLError, OSError):
+            if time.monotonic() - t0 > SERVER_START_S:
+                _stop_server(server)
+                log.close()
+                pytest.fail(f"jupyter lab not up after {SERVER_START_S}s; log: {server.log_path}")
+            time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def lab_server(tmp_path_factory: pytest.TempPathFactory, artifacts: Path) -> Iterator[LabServer]:
     _require_browser()
@@ -301,7 +336,7 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory, artifacts: Path) -> Ite
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(content))
 
-    port, token, marker = _free_port(), secrets.token_hex(16), secrets.token_hex(8)
+    token, marker = secrets.token_hex(16), secrets.token_hex(8)
     paths = [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]
     if EXTENSION == "standin_pgnb":
         paths.insert(0, str(Path(__file__).parent))
@@ -316,9 +351,8 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory, artifacts: Path) -> Ite
         PYTHONPATH=pythonpath,  # the kernel imports this checkout's pgnb
         **{RUN_MARKER_VAR: marker},
     )
-    cmd = [
-        JUPYTER_PYTHON, "-m", "jupyterlab", "--no-browser", "--allow-root",
-        "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+    options = [
+        "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1", "--ServerApp.port_retries=0",
         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={dirs['root']}",
         "--ServerApp.terminals_enabled=False",
         "--LabApp.news_url=None",
@@ -328,27 +362,15 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory, artifacts: Path) -> Ite
         f"--LabApp.workspaces_dir={dirs['workspaces']}",
     ]  # fmt: skip
     if notebook7_available():  # Notebook 7 is another app of the same server: the same settings
-        cmd += [f"--JupyterNotebookApp.user_settings_dir={dirs['settings']}",
-                f"--JupyterNotebookApp.workspaces_dir={dirs['workspaces']}"]
+        options += [f"--JupyterNotebookApp.user_settings_dir={dirs['settings']}",
+                    f"--JupyterNotebookApp.workspaces_dir={dirs['workspaces']}"]
     log_path = artifacts / "jupyter_server.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - closed in teardown
-    # Own session: on a last-resort teardown we signal exactly our own group.
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = LabServer(f"http://127.0.0.1:{port}", token, dirs["root"], home, proc, marker, 0.0, log_path)
     t0 = time.monotonic()
-    while True:
-        if proc.poll() is not None:
-            log.close()
-            pytest.fail(f"jupyter lab exited rc={proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            server.api("/api/status", timeout=2)
+    for attempt in range(PORT_TRIES):
+        # The port is free when picked, but another process may take it before the server binds it.
+        server, log = _start_lab(options, env, _free_port(), token, dirs["root"], home, marker, log_path)
+        if _wait_lab_up(server, log, t0, last_try=attempt == PORT_TRIES - 1):
             break
-        except (urllib.error.URLError, OSError):
-            if time.monotonic() - t0 > SERVER_START_S:
-                _stop_server(server)
-                log.close()
-                pytest.fail(f"jupyter lab not up after {SERVER_START_S}s; log: {log_path}")
-            time.sleep(0.1)
     server.startup_s = time.monotonic() - t0
     try:
         yield server
