@@ -27,6 +27,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITE = os.path.join("benchmarks", "dist_suite")
 #: Seconds one whole pytest run of the suite may take (torch's spawning: ~5-10 s a test on 2 cores)
 RUN_TIMEOUT = 1500.0
+#: Plugins of this venv that neither harness uses, off on both sides: nbval is here for pgnb's lessons, not in
+#: a torch developer's environment, and its import (nbformat, jsonschema's grammars) costs every pytest run ~1 s
+PLUGINS_OFF = ("-p", "no:nbval")
 
 
 def verdicts(junit_xml: str) -> dict[str, dict[str, Any]]:
@@ -53,7 +56,7 @@ def run_suite(pgnb: bool, keyword: str = "", suite: str | list[str] = SUITE,
     test's verdict (``extra``: more options; ``env``: its environment)."""
     fd, junit = tempfile.mkstemp(prefix="pgnb-bench-suite-", suffix=".xml")
     os.close(fd)
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", junit,
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PLUGINS_OFF, "--junitxml", junit,
             *([suite] if isinstance(suite, str) else suite)]
     if pgnb:
         args.append("--pgnb-torch")
