@@ -87,6 +87,9 @@ class CellOptions:
     trace: bool = False  # record every torch.distributed call into ``result.trace``
     profile: bool | str = False  # torch.profiler on every rank; a str is the path of the merged trace file
     pdb: bool = False  # a rank that raises opens pdb where it raised (needs a prompter)
+    # each rank's value is this name of its namespace after the cell (taken out of it), not the cell's last
+    # expression: nothing is displayed, so no execute_result crosses the controller (pgnb's own cells)
+    value_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,9 @@ def run_cell(world: Dispatch, code: str, options: CellOptions = DEFAULT_OPTIONS,
 
     per_rank = None if recording is None else (lambda r: {"trace": recording.engine_args(r)})
     try:  # an interrupt even while submitting reaches the ranks already started (``ars`` grows in place)
-        ars.extend(send(client, pairs, rank_cell.run_cell, code, label, stack_dir, debug=debug, per_rank=per_rank))
+        value_of = {} if options.value_of is None else {"value_of": options.value_of}
+        ars.extend(send(client, pairs, rank_cell.run_cell, code, label, stack_dir, debug=debug, per_rank=per_rank,
+                        **value_of))
         watch = None if hooks.output is None else LiveCell(world, ars, hooks.output, code)
         # also stops soon after a rank's engine dies
         lost = world.wait_ranks(ars, until, tick=tick if (watch or server or panel_args) else None)
@@ -243,7 +248,8 @@ def _collect(rank: int, ar: Any, stack: Stack | None) -> RankOutput:
         er = sent_back(ar, "execute_result")
         if er:
             out.result = dict(er.get("data", {}))
-            out.value = _unpack_value(rank, reply.get("value"), out.value_text or "")
+        # a displayed last expression, or ``CellOptions.value_of``'s name (nothing displayed)
+        out.value = _unpack_value(rank, reply.get("value"), out.value_text or "")
         out.outputs = [dict(o.get("data", {})) for o in sent_back(ar, "outputs") or []]
     return out
 

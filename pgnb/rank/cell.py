@@ -25,7 +25,7 @@ _STATE: dict[str, Any] = {}
 
 
 def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
-             trace: TraceArgs | None = None, debug: DebugArgs | None = None) -> CellReply:
+             trace: TraceArgs | None = None, debug: DebugArgs | None = None, value_of: str | None = None) -> CellReply:
     """Run a notebook cell in this rank's IPython namespace, as ``%%pg`` does.
 
     Runs through ``shell.run_cell`` (so magics, ``display()`` and the
@@ -37,6 +37,8 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
     torch.distributed calls are recorded while the cell runs, and only then.
     ``debug``: where ``breakpoint()`` reaches the kernel (``pgnb.rank.debug``);
     the frames of a cell that raises are kept for ``%pg_debug`` until the next cell.
+    ``value_of``: the value sent back is this name of the namespace, taken out of it after the cell
+    (pgnb's own cells assign their reply: nothing is displayed).
     """
     enable_stack_dumps(stack_dir)
     from IPython import get_ipython
@@ -114,8 +116,9 @@ def run_cell(code: str, label: int | None = None, stack_dir: str | None = None,
             out["evalue"] = f"{exc.msg} (line {exc.lineno})" if exc.lineno else str(exc.msg)
         if exited is not None:  # no traceback: the kernel says it in one line, "rank 2 called sys.exit(0)"
             out.update({"ename": "SystemExit", "evalue": exit_call(exited), "traceback": []})
-    if res.result is not None:
-        out["value"] = pack_value(res.result)
+    value = res.result if value_of is None else shell.user_ns.pop(value_of, None)
+    if value is not None:
+        out["value"] = pack_value(value)
     return out
 
 

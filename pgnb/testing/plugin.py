@@ -33,6 +33,8 @@ import pytest
 from . import keeper
 
 if TYPE_CHECKING:
+    from ..core.cells import CellHooks
+    from ..core.results import CellResult
     from ..core.sandbox import Sandbox
     from ..spec import WorldSpec
     from .verdict import Verdict
@@ -44,6 +46,8 @@ MARKER = ("world(n, backend='gloo', init_method='env', timeout=None, **options):
 DEFAULT_TIMEOUT = 60.0
 #: pgnb's own deadline for the cell, past the test's (the ranks stop at the test's; this is for a rank that cannot).
 BACKSTOP = 5.0
+#: The name a test's cell gives each rank's reply: it comes back as the rank's value without being displayed.
+REPLY = "_pgnb_reply"
 #: The parameters a world test's ranks fill in themselves.
 ON_RANK = ("rank", "world_size", "device")
 #: The marker's options that are not the world's: they do not pick a different world.
@@ -297,6 +301,17 @@ def _default_spec() -> WorldSpec:
 
 
 # ---- running a test on the ranks ------------------------------------------
+def reply_cell(sb: Sandbox, call: str, ranks: range | None = None, timeout: float | None = None,
+               hooks: CellHooks | None = None, before: str = "") -> CellResult:
+    """A cell of pgnb's own on the ranks: ``call`` is an expression whose value is each rank's reply (``before``:
+    lines that run first). The reply is assigned, not displayed (``CellOptions.value_of``): no ``execute_result``
+    per rank to publish and relay."""
+    from ..core.cells import NO_HOOKS, CellOptions
+
+    options = CellOptions(ranks=None if ranks is None else tuple(ranks), timeout=timeout, value_of=REPLY)
+    return sb.run_cell(f"{before}{REPLY} = {call}", options, NO_HOOKS if hooks is None else hooks)
+
+
 def run_on_ranks(item: pytest.Function, spec: WorldSpec) -> None:
     """Run ``item`` on every rank of its warm world; raise what pytest should report."""
     from ..errors import PgnbError
@@ -317,11 +332,13 @@ def run_on_ranks(item: pytest.Function, spec: WorldSpec) -> None:
     except PgnbError as e:
         pool.recycle(spec)
         raise WorldTestFailed(f"the world for this test did not start: {e}") from None
-    options: dict[str, Any] = {}
+    hooks = None
     if debugging:
-        options["on_input"] = _terminal_input(item.config)
+        from ..core.cells import CellHooks
+
+        hooks = CellHooks.calling(on_input=_terminal_input(item.config))
     try:
-        result = sb.execute(code, timeout=timeout + BACKSTOP, **options)
+        result = reply_cell(sb, code, timeout=timeout + BACKSTOP, hooks=hooks)
     except BaseException:
         pool.recycle(spec)
         raise

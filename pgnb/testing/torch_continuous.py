@@ -184,7 +184,7 @@ class ClassWorld:
         if not self.size:  # torch's own processes run it (a class that set them up its own way)
             waits()
             return
-        from .plugin import WorldTestFailed, _timeouts, world_pool
+        from .plugin import WorldTestFailed, _timeouts, reply_cell, world_pool
         from .verdict import decide
 
         timeout = _timeouts(item)[1]  # under pytest-timeout a little shorter: pgnb's report comes first
@@ -193,10 +193,10 @@ class ClassWorld:
         if self.skip:
             raise unittest.SkipTest(self.skip)
         ranks = self._ranks(sb)
-        code = (f"__import__('pgnb.rank.torch_continuous', fromlist=['run_test']).run_test("
+        call = (f"__import__('pgnb.rank.torch_continuous', fromlist=['run_test']).run_test("
                 f"{case.id()!r}, {ranks!r}[__import__('os').getpid()])")
         try:
-            result = sb.execute(code, ranks=range(self.size), timeout=timeout)
+            result = reply_cell(sb, call, range(self.size), timeout)
         except BaseException:
             self._lose(sb, recycle=True)
             raise
@@ -232,12 +232,12 @@ class ClassWorld:
             return
         holders.pop(id(sb), None)
         self.world = None
-        from .plugin import world_pool
+        from .plugin import reply_cell, world_pool
 
         pool = world_pool(self.config)
-        code = "__import__('pgnb.rank.torch_continuous', fromlist=['tear_down']).tear_down()"
+        call = "__import__('pgnb.rank.torch_continuous', fromlist=['tear_down']).tear_down()"
         try:
-            result = sb.execute(code, ranks=range(self.size), timeout=CLASS_STEP_TIMEOUT)
+            result = reply_cell(sb, call, range(self.size), CLASS_STEP_TIMEOUT)
         except Exception:
             pool.recycle(sb)
             return
@@ -248,7 +248,7 @@ class ClassWorld:
     def _set_up(self, item: pytest.Item, timeout: float) -> Sandbox:
         """The warm world with this class's group made on it (once per class, again after a failure)."""
         __tracebackhide__ = True
-        from .plugin import WorldTestFailed, world_pool
+        from .plugin import WorldTestFailed, reply_cell, world_pool
         from .torch_suites import world_for
         from .verdict import decide
 
@@ -270,12 +270,12 @@ class ClassWorld:
             "cwd": os.getcwd(),
             "sys_path": [p for p in sys.path if isinstance(p, str)],
         }
-        code = (f"__import__('pgnb.rank.torch_continuous', fromlist=['set_up']).set_up("
+        call = (f"__import__('pgnb.rank.torch_continuous', fromlist=['set_up']).set_up("
                 f"{run!r}, {self._ranks(sb)!r})")
         self._forget_file()
         self.file = run["rdvz_file"]  # the group's FileStore: new_group (a DeviceMesh) meets there later
         try:
-            result = sb.execute(code, ranks=range(self.size), timeout=min(timeout, CLASS_STEP_TIMEOUT))
+            result = reply_cell(sb, call, range(self.size), min(timeout, CLASS_STEP_TIMEOUT))
         except BaseException:
             world_pool(self.config).recycle(sb)
             raise

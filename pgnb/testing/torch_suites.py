@@ -313,7 +313,7 @@ class WarmRun:
         if self.run is None or self.world is None:
             type(case)._join_processes(case, fn)
             return
-        from .plugin import WorldTestFailed, _timeouts, world_pool
+        from .plugin import WorldTestFailed, _timeouts, reply_cell, world_pool
         from .verdict import decide
 
         timeout = _timeouts(self.item)[1]  # under pytest-timeout a little shorter: pgnb's report comes first
@@ -321,12 +321,12 @@ class WarmRun:
         ranks = {p.pid: r for r, p in enumerate(self.processes)}  # the engines' pids: each knows its rank
         blob = pickle.dumps(self.run, protocol=pickle.HIGHEST_PROTOCOL)
         # two lines: a stack at the timeout shows the call's line, not the blob's
-        code = (f"_pgnb_torch_test = __import__('pickle').loads({blob!r})\n"
-                f"__import__('pgnb.rank.torch_suites', fromlist=['run_torch_test']).run_torch_test("
+        before = f"_pgnb_torch_test = __import__('pickle').loads({blob!r})\n"
+        call = (f"__import__('pgnb.rank.torch_suites', fromlist=['run_torch_test']).run_torch_test("
                 f"_pgnb_torch_test, {ranks!r})")
         t0 = time.monotonic()
         try:
-            result = sb.execute(code, ranks=range(len(self.processes)), timeout=timeout)
+            result = reply_cell(sb, call, range(len(self.processes)), timeout, before=before)
         except BaseException:
             pool.recycle(sb)
             raise
