@@ -115,6 +115,17 @@ def test_error_on_one_rank_names_it_with_its_traceback(world, ip):
     assert world.execute("rank").values == [0, 1, 2, 3]
 
 
+def test_value_of_sends_a_name_back_as_the_value_and_displays_nothing(world):
+    """What the pytest plugin's cells use: each rank's value of the name, taken out of its namespace."""
+    res = world.run_cell("_reply = {'rank': rank, 'twice': [rank] * 2}", CellOptions(value_of="_reply"))
+    assert [out.value for out in res.ranks] == [{"rank": r, "twice": [r, r]} for r in range(4)]
+    assert all(out.result is None for out in res.ranks)  # no execute_result: nothing was displayed
+    assert [out.ename for out in world.execute("_reply").ranks] == ["NameError"] * 4
+    failed = world.run_cell("_reply = 1 / (rank - 2)", CellOptions(value_of="_reply"))  # rank 2 raises
+    assert [out.state for out in failed.ranks] == ["finished", "finished", "failed", "finished"]
+    assert [out.value for out in failed.ranks] == [-0.5, -1.0, None, 1.0]
+
+
 def test_syntax_error_is_reported_once(world):
     res = world.execute("def broken(:\n    pass\n")
     assert str(res.error()) == "SyntaxError: invalid syntax (line 1); the cell did not run on any rank"
