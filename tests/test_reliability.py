@@ -266,11 +266,14 @@ def test_fault_sys_exit_keeps_the_rank(whole, ip):
     assert err is None and cap.stdout.count(f"{EXPECTED_SUM}\n") == WORLD
 
 
-def test_fault_stale_state_after_unclean_death(whole, ip, tmp_path):
+def test_fault_stale_state_after_unclean_death(tmp_path, monkeypatch):
     """A kernel and its reaper are both SIGKILLed, leaving engines, controller and cluster files behind: the next
-    `%pg_init` works, stops those orphans (they carry the dead owner's token) and removes their files; a cluster
-    file pgnb did not write is left alone.
+    world's start (what `%pg_init` does) works, stops those orphans (they carry the dead owner's token) and removes
+    their files; a cluster file pgnb did not write is left alone. The dead owner and the next world have a profile
+    of their own: under pytest-xdist another worker's world start in the shared profile would sweep the orphans
+    before this test looks at them (as it should: that is the sweep at work, but not this test's).
     """
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     script = tmp_path / "owner.py"
     script.write_text(
         "import json, sys, pgnb\n"
@@ -298,11 +301,16 @@ def test_fault_stale_state_after_unclean_death(whole, ip, tmp_path):
     with open(foreign, "w") as f:
         f.write("{}")
 
-    recover(ip, whole)  # the new controller's start sweeps up first
-    assert wait_gone(orphans, timeout=10) == []
-    assert owned_by_token(info["token"]) == []
-    assert cluster_files(profile_dir(), info["cluster_id"]) == []
-    assert os.path.exists(foreign)
+    sb = pgnb.Sandbox(world=1)
+    try:
+        sb.start()  # the new controller's start sweeps up first
+        assert sb.run(lambda: 1) == [1]
+        assert wait_gone(orphans, timeout=10) == []
+        assert owned_by_token(info["token"]) == []
+        assert cluster_files(profile_dir(), info["cluster_id"]) == []
+        assert os.path.exists(foreign)
+    finally:
+        sb.shutdown()
     os.remove(foreign)
 
 
