@@ -301,16 +301,16 @@ def test_fault_stale_state_after_unclean_death(tmp_path, monkeypatch):
     with open(foreign, "w") as f:
         f.write("{}")
 
-    sb = pgnb.Sandbox(world=1)
-    try:
-        sb.start()  # the new controller's start sweeps up first
-        assert sb.run(lambda: 1) == [1]
-        assert wait_gone(orphans, timeout=10) == []
-        assert owned_by_token(info["token"]) == []
-        assert cluster_files(profile_dir(), info["cluster_id"]) == []
-        assert os.path.exists(foreign)
-    finally:
-        sb.shutdown()
+    # the next world, in a fresh process (this one may hold the shared profile's path from earlier tests): its
+    # controller's start sweeps up first
+    nxt = subprocess.run([sys.executable, "-c", "import pgnb\nwith pgnb.Sandbox(world=1) as sb:\n"
+                          "    sb.start()\n    print(sb.run(lambda: 1))\n"],
+                         capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    assert nxt.returncode == 0 and nxt.stdout.strip() == "[1]", nxt.stderr[-2000:]
+    assert wait_gone(orphans, timeout=10) == []
+    assert owned_by_token(info["token"]) == []
+    assert cluster_files(profile_dir(), info["cluster_id"]) == []
+    assert os.path.exists(foreign)
     os.remove(foreign)
 
 
