@@ -40,7 +40,7 @@ from pgnb.core.sandbox import dispatch_of
 from pgnb.notebook.current import current, set_current
 from pgnb.notebook.view import StatusView
 from pgnb.procs.ownership import cluster_files
-from pgnb.procs.processes import owned_by_token
+from pgnb.procs.processes import kill_all, owned_by_token
 
 pytestmark = pytest.mark.integration
 
@@ -301,17 +301,20 @@ def test_fault_stale_state_after_unclean_death(tmp_path, monkeypatch):
     with open(foreign, "w") as f:
         f.write("{}")
 
-    # the next world, in a fresh process (this one may hold the shared profile's path from earlier tests): its
-    # controller's start sweeps up first
-    nxt = subprocess.run([sys.executable, "-c", "import pgnb\nwith pgnb.Sandbox(world=1) as sb:\n"
-                          "    sb.start()\n    print(sb.run(lambda: 1))\n"],
-                         capture_output=True, text=True, timeout=120, env=os.environ.copy())
-    assert nxt.returncode == 0 and nxt.stdout.strip() == "[1]", nxt.stderr[-2000:]
-    assert wait_gone(orphans, timeout=10) == []
-    assert owned_by_token(info["token"]) == []
-    assert cluster_files(profile_dir(), info["cluster_id"]) == []
-    assert os.path.exists(foreign)
-    os.remove(foreign)
+    try:
+        # the next world, in a fresh process (this one may hold the shared profile's path from earlier tests): its
+        # controller's start sweeps up first
+        nxt = subprocess.run([sys.executable, "-c", "import pgnb\nwith pgnb.Sandbox(world=1) as sb:\n"
+                              "    sb.start()\n    print(sb.run(lambda: 1))\n"],
+                             capture_output=True, text=True, timeout=120, env=os.environ.copy())
+        assert nxt.returncode == 0 and nxt.stdout.strip() == "[1]", nxt.stderr[-2000:]
+        assert wait_gone(orphans, timeout=10) == []
+        assert owned_by_token(info["token"]) == []
+        assert cluster_files(profile_dir(), info["cluster_id"]) == []
+        assert os.path.exists(foreign)
+        os.remove(foreign)
+    finally:  # a failed sweep leaves them running, with no reaper to stop them: the test does
+        kill_all(owned_by_token(info["token"]))
 
 
 # ---------------------------------------------------------------- kernels
