@@ -478,7 +478,23 @@ def test_the_debugger_on_before_load_ext_stops_every_rank(late):
     assert stderr(continue_to_the_end(late, running)) == ""
 
 
+#: On each rank: pydevd's reader thread lets go of a session the kernel closed 2 s late, as on a loaded machine (the
+#: fresh clone at 7a5ebc1: the next cell's settrace took the closing session up again and no rank stopped)
+SLOW_RELEASE = """%%pg
+import importlib, threading, time
+importlib.import_module("debugpy.server.api")
+import pydevd
+_release = pydevd.set_global_debugger
+def _late(db):
+    if db is None and threading.current_thread() is not threading.main_thread():
+        time.sleep(2.0)
+    _release(db)
+pydevd.set_global_debugger = _late
+"""
+
+
 def test_the_debugger_off_and_on_again_after_a_late_load(late):
+    assert late.execute(SLOW_RELEASE).status == "ok"
     running, _ = run_to_stops(late, CELL)
     assert late.stop()["success"]  # off while both ranks are stopped: they run on
     ex = late.finish(running, timeout=30)

@@ -66,6 +66,9 @@ def connect(args: PanelArgs) -> str:
         return f"the rank cannot reach the kernel's debugger ({e.strerror or e})"
     _STATE["port"] = args["port"]
     db = pydevd.get_global_debugger()
+    if db is None or db.pydb_disposed:
+        disconnect()
+        return "the rank's debugger session did not start"
     gave_up = threading.Event()
     timer = threading.Timer(ATTACH_WAIT, gave_up.set)
     timer.daemon = True
@@ -85,9 +88,15 @@ def disconnect() -> None:
     if _STATE.pop("port", None) is None and "pydevd" not in sys.modules:
         return
     pydevd = _pydevd()
-    if pydevd.get_global_debugger() is None:
+    db = pydevd.get_global_debugger()
+    if db is None:
         return
     pydevd.stoptrace()
+    # When the kernel closed the connection first (the panel switched off), pydevd's reader thread is disposing
+    # the session and lets go of it only at its end, up to a second later; a settrace meanwhile would take it up
+    # again, connected to nothing, and the cell would run past every breakpoint
+    if pydevd.get_global_debugger() is db:
+        pydevd.set_global_debugger(None)
     pydevd.SetupHolder.setup = None  # the next settrace starts a fresh session, on the port it is given
 
 
