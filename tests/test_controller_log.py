@@ -1,9 +1,15 @@
-"""The controller's log: one harmless ipyparallel ERROR (an engine's ``iopub_welcome``) is dropped, nothing else."""
+"""The controller's config file: one harmless ipyparallel ERROR (an engine's ``iopub_welcome``) is dropped from its
+log, nothing else; and its heart monitor reports a new engine's heart at its first answer."""
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
 
 import pytest
 from traitlets.config.loader import PyFileConfigLoader
@@ -55,3 +61,62 @@ def test_a_started_controller_logs_no_error():
             text = f.read()
     assert "[IPController] heartbeat" in text  # the log is the controller's, and it logs
     assert "ERROR" not in text, text
+
+
+
+#: ipyparallel's heart monitor, as the controller runs it (``start_heartmonitor``) after pgnb's config file ran
+MONITOR = textwrap.dedent("""
+    import sys
+    from traitlets.config import Config
+    from ipyparallel.controller.heartmonitor import start_heartmonitor
+    from pgnb.procs import ipcontroller_config
+    ipcontroller_config._new_hearts_at_first_answer()
+    config = Config()
+    config.HeartMonitor.period = int(sys.argv[4])
+    start_heartmonitor(*sys.argv[1:4], config=config)
+""")
+
+
+@pytest.mark.integration
+def test_a_new_heart_is_reported_at_its_first_answer():
+    """A real heart monitor, and an engine's heart as ipyparallel's ``Heart`` device is (pings in on a SUB, each
+    sent back on a DEALER named by the heart): the hub hears of the new heart right after the heart first
+    answers, not at the next beat (ipyparallel's own way, one period later: 1 s here)."""
+    import zmq
+
+    period = 1.0
+    ctx = zmq.Context()
+    hub = ctx.socket(zmq.SUB)  # what the hub's monitor socket is to the heart monitor
+    hub.setsockopt(zmq.SUBSCRIBE, b"")
+    ports = [hub.bind_to_random_port("tcp://127.0.0.1")]
+    for _ in range(2):  # the monitor's ping and pong sockets bind in its own process
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.insert(-1, s.getsockname()[1])
+    ping, pong, monitor_url = (f"tcp://127.0.0.1:{p}" for p in ports)
+    monitor = subprocess.Popen([sys.executable, "-c", MONITOR, ping, pong, monitor_url, str(int(period * 1000))])
+    try:
+        heart_in, heart_out = ctx.socket(zmq.SUB), ctx.socket(zmq.DEALER)
+        heart_in.setsockopt(zmq.SUBSCRIBE, b"")
+        heart_out.setsockopt(zmq.IDENTITY, b"pgnb-test-heart")
+        heart_in.connect(ping)
+        heart_out.connect(pong)
+        poller = zmq.Poller()
+        poller.register(hub, zmq.POLLIN)
+        poller.register(heart_in, zmq.POLLIN)
+        first_ping = reported = None
+        deadline = time.monotonic() + 10 * period
+        while reported is None and time.monotonic() < deadline:
+            for sock, _ in poller.poll(50):
+                msg = sock.recv_multipart()
+                if sock is heart_in:
+                    first_ping = first_ping or time.monotonic()
+                    heart_out.send_multipart(msg)
+                elif any(b"new_heart" in part for part in msg):
+                    reported = time.monotonic()
+        assert first_ping is not None and reported is not None, "the heart monitor reported no new heart"
+        assert reported - first_ping < period / 2, f"reported {reported - first_ping:.2f} s after the first ping"
+    finally:
+        monitor.kill()
+        monitor.wait()
+        ctx.destroy(linger=0)
