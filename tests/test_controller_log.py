@@ -63,7 +63,6 @@ def test_a_started_controller_logs_no_error():
     assert "ERROR" not in text, text
 
 
-
 #: ipyparallel's heart monitor, as the controller runs it (``start_heartmonitor``) after pgnb's config file ran
 MONITOR = textwrap.dedent("""
     import sys
