@@ -8,6 +8,7 @@ and stop it by pid. Every cluster here runs under the session's temporary IPYTHO
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ from pgnb.core.cluster import EnginePool, mpi_environment
 from pgnb.core.rendezvous import EngineInfo, engines_wanted, keep_rank_numbers, rank_order
 from pgnb.errors import EngineStartError
 from pgnb.rank.engine import describe
+from pgnb.rank.rendezvous import CONNECT_GAP, connect_pace
 
 HAVE_MPIEXEC = shutil.which("mpiexec") is not None
 try:
@@ -94,6 +96,62 @@ def test_slurm_procid_maps_to_torch_rank():
     engines = [_info(eid, procid) for eid, procid in procids.items()]
     ordered = rank_order(engines, 4, use_launcher_rank=True)
     assert {e.engine_id: rank for rank, e in enumerate(ordered)} == {12: 0, 14: 1, 11: 2, 13: 3}
+
+
+# ---- many ranks on one host: store connections in turn --------------------------------------------
+def test_a_hosts_ranks_past_the_sixteenth_connect_to_the_store_in_turn():
+    assert [connect_pace(r) for r in (0, 1, 15)] == [0, 0, 0]
+    assert connect_pace(16) == CONNECT_GAP and connect_pace(17) == 2 * CONNECT_GAP
+    assert connect_pace(63) <= 0.4  # what 64 ranks on one host pay for it, at most
+
+
+PACED_INITS = r"""
+import datetime, json, socket, sys, time
+from pgnb.core.rendezvous import EngineInfo, plans
+from pgnb.rank import engine, rendezvous
+from pgnb.spec import WorldSpec
+
+slept = []
+real_sleep = time.sleep
+time.sleep = lambda s: (slept.append(s), real_sleep(s))
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+me = EngineInfo(engine_id=0, pid=0, host="h", addr="127.0.0.1", iface="", launcher_rank=None)
+out = {}
+for scheme in ("file", "env"):
+    spec = WorldSpec.validate(world=1, backend="gloo", init_method=scheme, timeout=20)
+    (plan,) = plans(spec, [me], "127.0.0.1", port, sys.argv[1], "run")
+    plan["local_rank"], plan["env"]["LOCAL_RANK"] = 24, "24"  # as the 25th rank of a host
+    slept.clear()
+    out[scheme] = engine.init_rank(plan)["initialized"], list(slept)
+# a cell's own init to the world's address, through the store rank 0 keeps (here: this process's)
+import torch.distributed as dist
+dist.destroy_process_group()
+server = dist.TCPStore("127.0.0.1", 0, 1, True, datetime.timedelta(seconds=20), wait_for_workers=False)
+rendezvous.remember({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port), "LOCAL_RANK": "24"})
+rendezvous.keep_store(server, server, serves=True)
+slept.clear()
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{server.port}", rank=0, world_size=1)
+out["cell"] = dist.is_initialized(), list(slept)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.integration
+def test_a_rank_waits_its_turn_before_it_connects_to_a_tcp_store(tmp_path):
+    """The 25th rank of a host, in a real init: it waits its pace before an env:// init and before a cell's own
+    init to the world's store; a file:// init makes no store connection and does not wait."""
+    store = tmp_path / "store"
+    store.mkdir()
+    proc = subprocess.run([sys.executable, "-c", PACED_INITS, str(store)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    pace = connect_pace(24)
+    assert out["file"] == [True, []]
+    assert out["env"] == [True, [pace]]
+    assert out["cell"] == [True, [pace]]
 
 
 # ---- launcher pass-through (unit: the Cluster is built, never started) -------------------------

@@ -211,6 +211,8 @@ def init_rank(plan: InitPlan) -> RankReport:
         kwargs.update(rank=plan["rank"], world_size=plan["world_size"])
     else:  # a file:// world meets on its file; rank 0's store serves only the inits of cells
         kwargs["init_method"] = plan["init_method"]
+        if not plan["init_method"].startswith("file:"):
+            time.sleep(rank_rendezvous.connect_pace(plan["local_rank"]))  # not all of a big host's ranks at once
     dist.init_process_group(**kwargs)
     # the inits cells make from pgnb's MASTER_ADDR/PORT meet on this world's store too
     rank_rendezvous.keep_store(server, dist.group.WORLD, serves=plan["env"]["MASTER_PORT"] != "0")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
+import time
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +33,22 @@ _SET: dict[str, str] = {}
 #: "server": rank 0's store (kept across destroys), "inits": the inits it served on this rank in this
 #: round, "rounds": the ``%pg_destroy``s since pgnb's init, "group": a weak reference to pgnb's own default group
 _WORLD: dict[str, Any] = {}
+
+#: The ranks of one host (by local rank) that connect to a TCP store at once; the others wait their turn.
+CONNECT_AT_ONCE = 16
+#: Seconds between two connections of the ranks past ``CONNECT_AT_ONCE`` (4 ms was too few where it was tried).
+CONNECT_GAP = 0.008
+
+
+def connect_pace(local_rank: int) -> float:
+    """Seconds a rank waits before it connects to a TCP store, so that a host's ranks do not all connect at once.
+
+    torch's store client reverse-resolves (``getnameinfo``) the address it connects to, and the store's server
+    the address of each client it accepts. A DNS server that limits its rate drops part of a burst of such
+    lookups (64 ranks on one host make 128 at once): those ranks wait out the resolver's 5 s timeout, and the
+    world with them (docs/performance.md). 0.38 s more for 64 ranks on a host; nothing for 16 or fewer.
+    """
+    return max(0, local_rank - CONNECT_AT_ONCE + 1) * CONNECT_GAP
 
 
 def remember(env: Mapping[str, str]) -> None:
@@ -104,6 +121,7 @@ def _served(original: Any) -> Any:
 
         n = _WORLD["inits"]
         _WORLD["inits"] = n + 1  # SPMD code inits in the same order on every rank: the same prefix
+        time.sleep(connect_pace(int(_SET.get("LOCAL_RANK", "0"))))
         client = TCPStore(_SET["MASTER_ADDR"], port, world_size, False, timeout)
         return PrefixStore(f"pgnb/round{_WORLD['rounds']}/init{n}", client)
 
