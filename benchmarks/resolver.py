@@ -1,10 +1,13 @@
 """The resolver's share of a big world's start: the same starts with and without a DNS server to ask.
 
 torch's store client formats the address it connects to with ``getnameinfo`` (a reverse
-lookup) in its socket's constructor. It connects over IPv6 first, to ``::ffff:127.0.0.1``,
-which ``/etc/hosts``' IPv4 lines do not match, so every rank asks the DNS server, twice,
-all at the same moment. A server that drops such a burst makes the ranks wait out the
-resolver's timeout (5 s). This module measures that share two ways:
+lookup) in its socket's constructor, and the store's server (rank 0) the address of each
+client it accepts, one after the other in its one event loop. The client connects over IPv6
+first, to ``::ffff:127.0.0.1``, which ``/etc/hosts``' IPv4 lines do not match, so each
+connection asks the DNS server twice, and a world's ranks connect at the same moment. A
+server that drops part of such a burst makes the ranks wait out the resolver's timeout (5 s);
+pgnb has a host's ranks past the 16th connect 8 ms apart (``pgnb.rank.rendezvous.connect_pace``),
+plain torch does not. This module measures that share two ways:
 
 - ``torch_forked_init``: plain torch, no pgnb: ``n`` ranks forked after ``import torch``,
   each calling ``init_process_group("gloo")`` from ``env://``;
