@@ -61,6 +61,20 @@ def wait_gone(pids, timeout=10.0):
     return alive(pids)
 
 
+def left_in(folder, timeout=10.0):
+    """What is in ``folder`` once no process works in it (a killed kernel's reaper, which started there, has
+    left or exited: a helper that writes to its working directory wrote there), waiting at most ``timeout``."""
+    import psutil
+
+    from pgnb.core.waiting import poll_until
+
+    def working_there():
+        return [p.pid for p in psutil.process_iter(["cwd"]) if p.info["cwd"] == str(folder)]
+
+    poll_until(lambda: not working_there(), timeout, step=0.1)
+    return sorted(os.listdir(folder)) + [f"(pid {pid} still works there)" for pid in working_there()]
+
+
 #: Seconds a stopped world or kernel has for every process it started to end.
 GONE_WITHIN = 10.0
 

@@ -96,11 +96,11 @@ class Pending:
 
 
 class Kernel:
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
         self.km = KernelManager(kernel_name="python3")
         # the kernel runs this interpreter, so it sees the same pgnb
         self.km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-        self.km.start_kernel(env={**os.environ, **(env or {})})
+        self.km.start_kernel(env={**os.environ, **(env or {})}, cwd=cwd)
         self.kc = self.km.client()
         # Each test reads a reply before it sends the next cell, so a failed cell must not abort the next
         # one: ipykernel 6.29 aborts any request that arrives before its abort window closes, on a busy machine

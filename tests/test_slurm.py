@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import alive, wait_gone
+from conftest import alive, left_in, wait_gone
 from kernel_util import Kernel
 from slurm_cluster import CPUS as SLURM_CPUS, MISSING, SlurmCluster, available
 
@@ -107,10 +107,13 @@ def test_a_slurm_world_runs_and_rank_is_slurm_procid(cluster: SlurmCluster):
     assert cluster.jobs() == []  # %pg_shutdown returns once the job has left the queue
 
 
-def test_a_killed_kernel_leaves_no_job_and_no_process(cluster: SlurmCluster):
+def test_a_killed_kernel_leaves_no_job_and_no_process(cluster: SlurmCluster, tmp_path: Path):
     """The reaper cancels the job: on a real cluster its engines run on other nodes, out of reach of the
-    reaper's local kill, which here ends the job before the cancel does (one node, so it is asked of slurmctld)."""
-    k = Kernel()
+    reaper's local kill, which here ends the job before the cancel does (one node, so it is asked of slurmctld).
+    Nothing is left in the notebook's folder either."""
+    notebook_dir = tmp_path / "notebook"
+    notebook_dir.mkdir()
+    k = Kernel(cwd=str(notebook_dir))
     try:
         k.execute("%load_ext pgnb")
         ex = k.execute("%pg_init --launcher slurm --world 4")
@@ -125,6 +128,9 @@ def test_a_killed_kernel_leaves_no_job_and_no_process(cluster: SlurmCluster):
         time.sleep(0.1)
     assert cluster.jobs() == [] and alive(pids) == []
     assert cancelled in cluster.log(), "the reaper did not scancel the job"
+    # ipyparallel, rebuilding the cluster from its file in the reaper, made a "log" folder in its working
+    # directory, which the reaper had from the kernel
+    assert left_in(notebook_dir) == []
 
 
 @pytest.fixture

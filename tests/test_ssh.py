@@ -24,6 +24,7 @@ import time
 
 import psutil
 import pytest
+from conftest import left_in
 from kernel_util import Kernel
 from netns_util import Network, made, namespace_of
 
@@ -144,7 +145,9 @@ def test_ssh_world_across_two_hosts_and_kernel_kill(ssh_hosts, tmp_path):
         ssh_profile(NETWORK.host_addr, str(ssh_hosts["dir"] / "ssh_config"), sys.executable))
     sshd = ssh_hosts["sshd"]
     t0 = time.monotonic()
-    kernel = Kernel(env={"IPYTHONDIR": str(ipython_dir)})
+    notebook_dir = tmp_path / "notebook"
+    notebook_dir.mkdir()
+    kernel = Kernel(env={"IPYTHONDIR": str(ipython_dir)}, cwd=str(notebook_dir))
     try:
         assert kernel.execute("%load_ext pgnb").status == "ok"
         init = kernel.execute("%pg_init --launcher ssh --backend gloo --world 4", timeout=120)
@@ -172,6 +175,7 @@ def test_ssh_world_across_two_hosts_and_kernel_kill(ssh_hosts, tmp_path):
     gone = time.monotonic() - t1
     print(f"ssh world of 4 up in {started:.1f} s; hosts empty {gone:.1f} s after SIGKILL")
     assert left == {ns: [] for ns in sshd}, f"left running on the test hosts after the kernel's SIGKILL: {left}"
+    assert left_in(notebook_dir) == []  # the reaper, which started there, wrote nothing there
 
 
 def test_remote_engines_die_through_their_launcher_and_nannies_and_stop_quietly(ssh_hosts, tmp_path, monkeypatch,

@@ -96,6 +96,10 @@ def kill_launched(cluster_file: str) -> None:
         import ipyparallel as ipp
         from ipyparallel.cluster.launcher import BatchSystemLauncher
 
+        # ipyparallel rebuilds a batch launcher before it sets its profile_dir, and meanwhile makes the
+        # launcher's "log" folder relative to the working directory: the profile's own, not the notebook's
+        # folder this process was started in
+        os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(cluster_file))))
         cluster = ipp.Cluster.from_file(cluster_file, log_level=50)
     except Exception:  # no such file (stopped already), or not readable: nothing to reach
         return
