@@ -331,6 +331,47 @@ def test_a_world_takes_the_zygote_its_process_forked(ipython_dir: Path) -> None:
     assert wait_gone(info["pids"], 5) == []
 
 
+SPARES = textwrap.dedent(
+    """
+    import json, os, select, time
+    import torch
+    import pgnb
+    from pgnb.procs import prefork
+    assert prefork.fork_dormant(3, ["torch"]) == ""
+    first, spare, unused = prefork._dormant
+    def said(zygote, timeout):
+        return bool(select.select([zygote.stdout], [], [], timeout)[0])
+    first_ready = said(first, 60)
+    spare_silent = not said(spare, 1.0) and not said(unused, 0)
+    prefork._dormant.remove(unused)
+    unused.close()
+    tic = time.monotonic()
+    unused_code = unused.wait(10)
+    unused_seconds = time.monotonic() - tic
+    prefork.take().close()  # the first goes: the world takes the spare
+    sb = pgnb.Sandbox(world=2, backend="gloo")
+    sb.start()
+    parents = sb.run(os.getppid)
+    sb.shutdown()
+    print(json.dumps({"first_ready": first_ready, "spare_silent": spare_silent, "spare": spare.pid,
+                      "parents": parents, "unused_code": unused_code, "unused_seconds": unused_seconds}))
+    """
+)
+
+
+def test_a_spare_zygote_imports_only_once_a_world_takes_it(ipython_dir: Path) -> None:
+    """Of the zygotes forked together, the first imports at once and says it is ready; a spare says nothing
+    until a world takes it (its imports would compete with the first world's start), then forks that world's
+    ranks; one never taken exits at once when its pipe closes."""
+    env = {**os.environ, "IPYTHONDIR": str(ipython_dir)}
+    proc = subprocess.run([sys.executable, "-c", SPARES], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.splitlines()[-1])
+    assert info["first_ready"] and info["spare_silent"], info
+    assert info["parents"] == [info["spare"]] * 2, info
+    assert info["unused_code"] == 0 and info["unused_seconds"] < 2, info
+
+
 def test_no_zygote_is_forked_beside_a_thread() -> None:
     import threading
 

@@ -21,7 +21,9 @@ The child leaves this process's world behind before it serves: its own session,
 default signal handlers, no faulthandler, no atexit handlers, no logging
 handlers, no import hook of pytest's, and no file of the parent's open but its
 two pipes (every other descriptor is ``/dev/null``, stderr too until a launcher
-gives it its log). A dormant zygote
+gives it its log). The first zygote forked imports the engine's modules at once; a spare
+waits to be taken before it does, so that its imports leave the cores to the first world's
+start. A dormant zygote
 ends when this process closes its pipe (``close_dormant``, or this process's
 exit, however it ends).
 
@@ -112,12 +114,16 @@ def why_not_fork() -> str:
 
 def fork_dormant(count: int, preload: list[str]) -> str:
     """Fork ``count`` dormant zygotes that import ``preload`` (what this process has not imported yet);
-    "" when done, else why nothing was forked."""
+    "" when done, else why nothing was forked.
+
+    The first (the one ``take`` gives first) imports at once; the spares only once taken, so that their
+    imports do not compete for the cores with the first world's start (0.15 s of CPU each, on 2 cores
+    a world of 4 ready 0.07 s later)."""
     reason = why_not_fork()
     if reason:
         return reason
-    for _ in range(count):
-        _dormant.append(_fork(list(preload)))
+    for i in range(count):
+        _dormant.append(_fork(list(preload), when_taken=i > 0))
     return ""
 
 
@@ -215,13 +221,13 @@ def _flush() -> None:
             pass
 
 
-def _fork(preload: list[str]) -> ForkedZygote:
+def _fork(preload: list[str], when_taken: bool = False) -> ForkedZygote:
     to_child_r, to_child_w = os.pipe()
     from_child_r, from_child_w = os.pipe()
     _flush()
     pid = os.fork()
     if pid == 0:
-        _become_zygote(to_child_r, from_child_w, preload)
+        _become_zygote(to_child_r, from_child_w, preload, when_taken)
     os.close(to_child_r)
     os.close(from_child_w)
     # the children forked later must not hold this one's pipes, or its stdin would never see EOF
@@ -230,13 +236,13 @@ def _fork(preload: list[str]) -> ForkedZygote:
     return ForkedZygote(pid, os.fdopen(to_child_w, "wb"), os.fdopen(from_child_r, "rb"))
 
 
-def _become_zygote(stdin_fd: int, stdout_fd: int, preload: list[str]) -> NoReturn:
+def _become_zygote(stdin_fd: int, stdout_fd: int, preload: list[str], when_taken: bool) -> NoReturn:
     code = 1
     try:
         _leave_parent(stdin_fd, stdout_fd)
         from .zygote import serve
 
-        code = serve(5.0, preload)
+        code = serve(5.0, preload, when_taken=when_taken)
     except BaseException:
         import traceback
 

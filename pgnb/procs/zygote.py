@@ -72,6 +72,7 @@ import signal
 import socket
 import struct
 import sys
+import termios
 import time
 import traceback
 import weakref
@@ -600,9 +601,12 @@ def _prepare(preload: list[str]) -> float | None:
     return import_seconds
 
 
-def serve(grace: float, preload: list[str]) -> int:
+def serve(grace: float, preload: list[str], when_taken: bool = False) -> int:
     """Be a zygote on stdin/stdout: import, say "ready", fork engines as told (a process forked by
-    ``pgnb.procs.prefork`` runs this too, its launcher's pipes on fds 0 and 1)."""
+    ``pgnb.procs.prefork`` runs this too, its launcher's pipes on fds 0 and 1; ``when_taken``: it
+    imports only once the launcher's first message is there, and exits at the pipe's end before)."""
+    if when_taken and not _taken():
+        return 0
     import_seconds = _prepare(preload)
     if import_seconds is None:
         return 1
@@ -611,6 +615,17 @@ def serve(grace: float, preload: list[str]) -> int:
     # server, which stops itself at fork (pthread_atfork).
     _send({"event": "ready", "pid": zygote.pid, "import_seconds": import_seconds, "threads": _thread_count()})
     return zygote.run()
+
+
+def _taken() -> bool:
+    """Wait until stdin has data (True) or is closed (False)."""
+    while True:
+        try:
+            select.select([0], [], [])
+        except InterruptedError:
+            continue
+        waiting = fcntl.ioctl(0, termios.FIONREAD, b"\0\0\0\0")
+        return int.from_bytes(waiting, sys.byteorder) > 0
 
 
 def main(argv: list[str] | None = None) -> int:
