@@ -57,6 +57,8 @@ CLASS_STEP_TIMEOUT = 60.0
 _CLASSES = pytest.StashKey[dict[type, "ClassWorld"]]()
 #: config: which class's group each warm world's ranks hold now
 _HOLDER = pytest.StashKey[dict[int, "ClassWorld"]]()
+#: config: the session's last test is running (its class's end on the ranks would precede their shutdown)
+_LAST = pytest.StashKey[bool]()
 
 
 def continuous_case(item: pytest.Item) -> type | None:
@@ -95,6 +97,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     cls = continuous_case(item) if enabled(item.config) else None
     if cls is not None:
         warm_up(item, cls)
+        item.config.stash[_LAST] = nextitem is None
     return (yield)
 
 
@@ -232,9 +235,12 @@ class ClassWorld:
             return
         holders.pop(id(sb), None)
         self.world = None
+        from . import keeper
         from .plugin import reply_cell, world_pool
 
         pool = world_pool(self.config)
+        if self.config.stash.get(_LAST, False) and pool is not keeper.pool:
+            return  # the session's end shuts the world down next: its ranks need not be put back as they were
         call = "__import__('pgnb.rank.torch_continuous', fromlist=['tear_down']).tear_down()"
         try:
             result = reply_cell(sb, call, range(self.size), CLASS_STEP_TIMEOUT)

@@ -7,7 +7,8 @@ engine's own modules are left for it to import, in the background, while pytest 
 on (``pgnb.core.cluster.fork_zygotes``). The ranks then run the test files as pytest collected
 them a moment ago: an edit between two runs is the new code on the ranks.
 
-Two are forked: the run's world, and one for a world started again after a failure.
+Two are forked: the run's world, and one for a world started again after a failure
+(which imports the engine's modules only then: ``pgnb.procs.prefork.fork_dormant``).
 Where this process cannot fork safely (a thread, as under pytest-xdist's workers, or
 a tracer, as under coverage) nothing is forked (``-v`` says why); each world's
 zygote is then started as usual. Those no world took end with the session.
