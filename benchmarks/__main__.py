@@ -5,6 +5,8 @@ IPYTHONDIR (``benchmarks/_cases.py``); pgnb and its baseline are interleaved
 round by round so background load hits both alike. Prints medians and the
 ratio of each row against its target, writes ``benchmarks/results/latest.json``
 (every sample) and ``benchmarks/results/latest.md`` (the table docs/performance.md shows).
+A run of part of it (``--quick``, ``--only``) writes ``partial.json`` and ``partial.md`` there
+instead: the record of the last full run stays as it is.
 
     python -m benchmarks                 # the full run (~15 min on 2 cores, ~10 of them torch's own
                                          # spawning of benchmarks/dist_suite); updates docs/performance.md
@@ -526,7 +528,8 @@ def update_docs(table: str, summary: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one sample of each row, smaller loops")
-    parser.add_argument("--out", default=RESULTS, help="folder for latest.json and latest.md")
+    parser.add_argument("--out", default=RESULTS,
+                        help="folder for latest.json and latest.md (partial.json and partial.md: --quick, --only)")
     parser.add_argument("--no-docs", action="store_true",
                         help="do not put the table into docs/performance.md (a --quick run never does)")
     parser.add_argument("--only", type=lambda text: text.split(","), default=None,
@@ -554,14 +557,15 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(rows, meta, raw)
     print(table)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "latest.json"), "w") as f:
+    name = "partial" if args.quick or args.only else "latest"  # a part never stands for the last full run
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "raw": raw}, f, indent=1)
         f.write("\n")
-    with open(os.path.join(args.out, "latest.md"), "w") as f:
+    with open(os.path.join(args.out, f"{name}.md"), "w") as f:
         f.write(table)
-    os.remove(os.path.join(args.out, "raw.json"))  # latest.json has it all now
+    os.remove(os.path.join(args.out, "raw.json"))  # the .json has it all now
     if scale_of(raw):
-        scale_plot(raw, os.path.join(args.out, "scale.png"))
+        scale_plot(raw, os.path.join(args.out, "scale.png" if name == "latest" else "partial-scale.png"))
     if not (args.quick or args.no_docs or args.only):
         update_docs(table, headline(rows, meta))
         if scale_of(raw):
