@@ -317,17 +317,47 @@ def test_same_verdicts_as_torch_spawning(pytester: pytest.Pytester) -> None:
 
 
 def test_hung_test_costs_its_timeout_and_the_next_passes(pytester: pytest.Pytester) -> None:
+    """pytest-timeout's --timeout on the command line, as a user gives it: pgnb's report (every rank's stack)
+    comes before pytest-timeout's (the pytest process's threads)."""
     pytester.makepyfile(test_hang=HANG)
-    pytester.makeini("[pytest]\npgnb_timeout = 5\n")
     t0 = time.monotonic()
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pgnb-torch", "--durations=2", timeout=300)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pgnb-torch", "--durations=2",
+                                           "--timeout", "7", timeout=300)
     print(f"{time.monotonic() - t0:.1f} s")
     out = result.stdout.str()
     result.assert_outcomes(passed=1, failed=1)
+    # pgnb's deadline on the ranks, 2 s before pytest-timeout's
     assert "the test ran past its 5 s timeout on ranks 0, 1; pgnb replaced the world" in out, out
+    assert "from pytest-timeout" not in out, out
     assert "in recv" in out and "in barrier" in out, out  # where each rank was blocked
     # the test file's own frame with its line and source (the user's file), torch's frames without
     assert re.search(r"test_hang.py, line \d+, in test_a_hangs\n\W*dist\.(recv|barrier)\(", out), out
+
+
+def test_a_tests_timeout_is_pytest_timeouts_in_its_own_order(pytester: pytest.Pytester,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without pgnb's own setting: pytest-timeout's marker, else --timeout, else PYTEST_TIMEOUT, else its ini
+    setting; the ranks' deadline a little shorter, so that pgnb's report comes first."""
+    from pgnb.testing.plugin import DEFAULT_TIMEOUT, _timeouts
+
+    pytester.makepyfile(test_bare="def test_x(): pass\n",
+                        test_marked="import pytest\n@pytest.mark.timeout(3)\ndef test_x(): pass\n")
+
+    def timeouts(*args: str, module: str = "test_bare") -> tuple[float, float]:
+        col = pytester.getmodulecol(pytester.path / f"{module}.py", configargs=args)
+        (item,) = pytester.genitems([col])
+        return _timeouts(item)
+
+    monkeypatch.delenv("PYTEST_TIMEOUT", raising=False)
+    assert timeouts() == (DEFAULT_TIMEOUT, DEFAULT_TIMEOUT)
+    pytester.makeini("[pytest]\ntimeout = 11\n")
+    assert timeouts() == (11, 9)
+    monkeypatch.setenv("PYTEST_TIMEOUT", "9")
+    assert timeouts() == (9, 7)
+    assert timeouts("--timeout", "7") == (7, 5)
+    assert timeouts("--timeout", "7", module="test_marked") == (3, 1.5)
+    assert timeouts("--timeout", "0") == (DEFAULT_TIMEOUT, DEFAULT_TIMEOUT)  # pytest-timeout: none
+    assert timeouts("-p", "no:timeout") == (DEFAULT_TIMEOUT, DEFAULT_TIMEOUT)  # its settings mean nothing then
 
 
 def test_continuous_failure_and_hang_cost_only_their_test(pytester: pytest.Pytester) -> None:

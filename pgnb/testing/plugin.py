@@ -456,14 +456,24 @@ def _timeouts(item: pytest.Item) -> tuple[float, float]:
     pt = item.get_closest_marker("timeout")
     value: Any = pt.args[0] if pt is not None and pt.args else (pt.kwargs.get("timeout") if pt is not None else None)
     if value is None:
-        try:
-            value = item.config.getini("timeout")
-        except ValueError:  # pytest-timeout is not installed
-            value = None
+        value = _pytest_timeout(item.config)
     if value not in (None, "", 0, "0"):
         t = float(value)
         return t, max(t * 0.5, t - 2.0)
     return DEFAULT_TIMEOUT, DEFAULT_TIMEOUT
+
+
+def _pytest_timeout(config: pytest.Config) -> Any:
+    """pytest-timeout's timeout for a test without its marker, in its own order: ``--timeout``, else the
+    ``PYTEST_TIMEOUT`` environment variable, else its ``timeout`` ini setting (None without pytest-timeout)."""
+    if not config.pluginmanager.hasplugin("timeout"):
+        return None
+    value = config.getoption("timeout", None)
+    if value is None:
+        value = os.environ.get("PYTEST_TIMEOUT") or None
+    if value is None:
+        value = config.getini("timeout") or None
+    return value
 
 
 def _debugging(config: pytest.Config) -> bool:
