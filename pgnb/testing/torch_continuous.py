@@ -190,7 +190,7 @@ class ClassWorld:
         from .plugin import WorldTestFailed, _timeouts, reply_cell, world_pool
         from .verdict import decide
 
-        timeout = _timeouts(item)[1]  # under pytest-timeout a little shorter: pgnb's report comes first
+        limit, timeout = _timeouts(item)  # under pytest-timeout the ranks' is shorter: pgnb's report comes first
         pool = world_pool(self.config)
         sb = self._set_up(item, timeout)
         if self.skip:
@@ -204,7 +204,7 @@ class ClassWorld:
             self._lose(sb, recycle=True)
             raise
         rows = _rows(result, str(self.config.rootpath))
-        verdict = decide(rows, timeout)
+        verdict = decide(rows, timeout, limit)
         if verdict.kind == "passed":
             for r, text in verdict.outputs.items():
                 item.add_report_section("call", f"rank {r}", text)

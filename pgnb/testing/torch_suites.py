@@ -316,7 +316,7 @@ class WarmRun:
         from .plugin import WorldTestFailed, _timeouts, reply_cell, world_pool
         from .verdict import decide
 
-        timeout = _timeouts(self.item)[1]  # under pytest-timeout a little shorter: pgnb's report comes first
+        limit, timeout = _timeouts(self.item)  # under pytest-timeout the ranks' is shorter: pgnb's report first
         pool, sb = world_pool(self.item.config), self.world
         ranks = {p.pid: r for r, p in enumerate(self.processes)}  # the engines' pids: each knows its rank
         blob = pickle.dumps(self.run, protocol=pickle.HIGHEST_PROTOCOL)
@@ -342,7 +342,7 @@ class WarmRun:
             pool.suspect(sb)  # the next test on it is probed first
         if raised and not (overridden and all(o is not None for o in outcomes)):
             rows = [_row(out, o, harness) for out, o in zip(result.ranks, outcomes, strict=True)]
-            verdict = decide(rows, timeout)
+            verdict = decide(rows, timeout, limit)
             raise WorldTestFailed(verdict.message, verdict.report)  # its report has what each rank printed
         for out, p, o in zip(result.ranks, self.processes, outcomes, strict=True):
             assert o is not None
