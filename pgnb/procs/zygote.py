@@ -619,13 +619,9 @@ def serve(grace: float, preload: list[str], when_taken: bool = False) -> int:
 
 def _taken() -> bool:
     """Wait until stdin has data (True) or is closed (False)."""
-    while True:
-        try:
-            select.select([0], [], [])
-        except InterruptedError:
-            continue
-        waiting = fcntl.ioctl(0, termios.FIONREAD, b"\0\0\0\0")
-        return int.from_bytes(waiting, sys.byteorder) > 0
+    select.select([0], [], [])  # retried by Python across signals (PEP 475)
+    waiting = fcntl.ioctl(0, termios.FIONREAD, b"\0\0\0\0")
+    return int.from_bytes(waiting, sys.byteorder) > 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -342,7 +342,7 @@ def run_on_ranks(item: pytest.Function, spec: WorldSpec) -> None:
     except BaseException:
         pool.recycle(spec)
         raise
-    verdict = decide(_rows(result), rank_timeout, before=timeout)
+    verdict = decide(_rows(result), rank_timeout, pytest_timeout=timeout)
     for leak in verdict.leaks:
         warnings.warn(WorldLeakWarning(f"{item.nodeid} {leak}"), stacklevel=1)
     if verdict.dirty and verdict.replace:

@@ -51,10 +51,10 @@ class Verdict:
     outputs: dict[int, str] = field(default_factory=dict)  # passing ranks' output, rank -> text
 
 
-def decide(rows: list[RankRow], timeout: float | None, before: float | None = None) -> Verdict:
-    """The test's verdict from every rank's row (in rank order); ``timeout``: the ranks' deadline, ``before``:
-    pytest-timeout's, when the ranks' is shorter so that pgnb's report comes first (the report says both)."""
-    verdict = _decide(rows, timeout, before)
+def decide(rows: list[RankRow], timeout: float | None, pytest_timeout: float | None = None) -> Verdict:
+    """The test's verdict from every rank's row (in rank order); ``timeout``: the ranks' deadline; a longer
+    ``pytest_timeout`` (the ranks' is shorter so that pgnb's report comes first): the report says both."""
+    verdict = _decide(rows, timeout, pytest_timeout)
     return dataclasses.replace(verdict, replace=_to_replace(rows) if verdict.dirty else [])
 
 
@@ -71,7 +71,7 @@ def _to_replace(rows: list[RankRow]) -> list[int]:
     return broken
 
 
-def _decide(rows: list[RankRow], timeout: float | None, before: float | None) -> Verdict:
+def _decide(rows: list[RankRow], timeout: float | None, pytest_timeout: float | None) -> Verdict:
     leaks = _leaks(rows)
     replies = {r.rank: r.reply for r in rows if r.reply is not None}
     counts = {rep.get("group_count") for rep in replies.values()}
@@ -99,17 +99,17 @@ def _decide(rows: list[RankRow], timeout: float | None, before: float | None) ->
         msg = (f"{ranks_text(skipped)} {outcomes[skipped[0]]} ({reason}) but {ranks_text(ran)} ran the test: "
                f"a {word} must agree on every rank")
         return Verdict("failed", msg, msg, leaks, dirty)
-    return _failure(rows, outcomes, timeout, before, leaks, dirty=True)
+    return _failure(rows, outcomes, timeout, pytest_timeout, leaks, dirty=True)
 
 
-def _failure(rows: list[RankRow], outcomes: dict[int, str], timeout: float | None, before: float | None,
+def _failure(rows: list[RankRow], outcomes: dict[int, str], timeout: float | None, pytest_timeout: float | None,
              leaks: list[str], dirty: bool) -> Verdict:
     causes = [r for r in rows if _is_cause(r)]
     timed_out = [r for r in rows if outcomes[r.rank] == "timeout" or (r.reply is None and r.state == "still running")]
     if not causes and timed_out:
         secs = f"{timeout:g} s " if timeout else ""
-        note = (f" (pgnb's, {before - timeout:g} s before pytest-timeout's {before:g} s)"
-                if timeout and before and before > timeout else "")
+        note = (f" (pgnb's, {pytest_timeout - timeout:g} s before pytest-timeout's {pytest_timeout:g} s)"
+                if timeout and pytest_timeout and pytest_timeout > timeout else "")
         replaced = _to_replace(rows)
         head = (f"the test ran past its {secs}timeout on {ranks_text([r.rank for r in timed_out])}{note}; "
                 f"pgnb replaced {f'{ranks_text(replaced)} in place' if replaced else 'the world'} (stacks below)")
