@@ -16,7 +16,7 @@ from conftest import wait_gone
 
 from pgnb.core.health import Health
 from pgnb.core.hosting import Hosting
-from pgnb.core.liveness import Watcher, describe_exit
+from pgnb.core.liveness import Watcher, describe_exit, last_exception, logged_exception
 from pgnb.core.rendezvous import EngineInfo
 from pgnb.core.waiting import poll_until
 from pgnb.procs import processes
@@ -32,6 +32,27 @@ def test_describe_exit():
     assert describe_exit(-signal.SIGKILL) == "engine killed by SIGKILL"
     assert describe_exit(-signal.SIGSEGV) == "engine killed by SIGSEGV (segmentation fault)"
     assert describe_exit(-200) == "engine killed by signal 200"
+
+
+def test_a_controllers_log_names_why_its_process_died(tmp_path):
+    """The line that ends the log's last traceback: what a scheduler that could not bind its port printed
+    (into its controller's log) before it exited; log records around it and earlier tracebacks do not count."""
+    log = (
+        "2026-12-05 07:01:02.123 [IPController] ERROR | an earlier, handled error\n"
+        "Traceback (most recent call last):\n  File \"hub.py\", line 3, in f\n    g()\nKeyError: 'x'\n"
+        "Process TaskScheduler:\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.11/multiprocessing/process.py", line 314, in _bootstrap\n'
+        "    self.run()\n"
+        "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:40123')\n"
+        "2026-12-05 07:01:03.456 [IPController] INFO | client::client connected\n")
+    assert last_exception(log) == "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:40123')"
+    assert last_exception("2026-12-05 [IPController] INFO | started\n") == ""
+    assert last_exception("Traceback (most recent call last):\n  File \"x.py\", line 1\n") == ""  # cut short
+    path = tmp_path / "ipcontroller.log"
+    path.write_text("x" * 100_000 + "\n" + log)  # only the tail is read
+    assert logged_exception(str(path)).startswith("zmq.error.ZMQError: Address already in use")
+    assert logged_exception(str(tmp_path / "missing.log")) == ""
 
 
 def test_watcher_reports_each_death_once_with_its_cause():

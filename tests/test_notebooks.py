@@ -28,6 +28,7 @@ which executes each notebook top to bottom with nbclient and saves it.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shutil
@@ -167,20 +168,43 @@ def processes_of(run_id: str | None = None) -> dict[int, tuple[str, bool]]:
     return found
 
 
+#: What a kernel prints when a port jupyter_client chose for it was taken before the kernel bound it:
+#: jupyter_client picks free ports by binding and closing them, and a kernel binds them a second later,
+#: while two replays' worlds open connections; the kernel dies before nbval's first cell.
+PORT_TAKEN = "Address already in use"
+KERNEL_DIED = "Kernel died before replying to kernel_info"
+
+
 def run_nbval(paths: list[Path], workdir: Path) -> tuple[subprocess.CompletedProcess[str], float]:
     """``pytest --nbval`` on ``paths`` in a subprocess, with a fresh IPython and Jupyter runtime dir.
 
-    It runs ``replay_python()``; ``--nbval-current-env`` makes nbval's kernel run that same python
-    (in the notebook's directory), not whatever the "python3" kernelspec names.
+    It runs ``replay_python()``, in the notebook's directory (``replay_kernel``). The kernel's own
+    stderr, which nbval throws away, is kept and added to the returned ``stderr``. A replay whose kernel
+    died before the first cell because a port was taken from it (jupyter_client's, not pgnb's) is
+    replayed once more from a fresh kernel; ``stdout`` then starts with a line that says so.
     """
+    proc, seconds, kernel_log = _nbval(paths, workdir)
+    if proc.returncode != 0 and KERNEL_DIED in proc.stdout and PORT_TAKEN in kernel_log:
+        first = kernel_log.strip().splitlines()[-1]
+        proc, seconds, kernel_log = _nbval(paths, workdir)
+        proc.stdout = f"replayed again: the first replay's kernel could not bind its port ({first})\n" + proc.stdout
+    if kernel_log.strip():
+        proc.stderr += f"\n--- the kernel's stderr ---\n{kernel_log[-3000:]}"
+    return proc, seconds
+
+
+def _nbval(paths: list[Path], workdir: Path) -> tuple[subprocess.CompletedProcess[str], float, str]:
     python, sanitize, base_env = replay_python()
     ipython_dir = Path(tempfile.mkdtemp(prefix="ipython-", dir=workdir))
     runtime_dir = Path(tempfile.mkdtemp(prefix="jupyter-runtime-", dir=workdir))
-    env = dict(base_env, IPYTHONDIR=str(ipython_dir), JUPYTER_RUNTIME_DIR=str(runtime_dir), **{RUN_VAR: RUN_ID})
+    kernels = Path(tempfile.mkdtemp(prefix="jupyter-path-", dir=workdir))
+    kernel_log = replay_kernel(kernels, python)
+    env = dict(base_env, IPYTHONDIR=str(ipython_dir), JUPYTER_RUNTIME_DIR=str(runtime_dir),
+               JUPYTER_PATH=str(kernels), **{RUN_VAR: RUN_ID})
     cmd = [
         python, "-m", "pytest",
         "-c", os.devnull, "--rootdir", str(paths[0].parent), "-p", "no:cacheprovider",
-        "--nbval", "--nbval-current-env", "--nbval-sanitize-with", str(sanitize),
+        "--nbval", "--nbval-kernel-name", REPLAY_KERNEL, "--nbval-sanitize-with", str(sanitize),
         "--nbval-cell-timeout", str(CELL_TIMEOUT), "-q", "-rf",
         # a cell failing on purpose carries both the comment and the tag (for Run All); nbval notes the overlap
         "-W", "ignore:Overlapping options from comments and metadata:UserWarning",
@@ -189,7 +213,23 @@ def run_nbval(paths: list[Path], workdir: Path) -> tuple[subprocess.CompletedPro
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=paths[0].parent, env=env, capture_output=True, text=True,
                           timeout=NOTEBOOK_TIMEOUT)
-    return proc, time.monotonic() - t0
+    seconds = time.monotonic() - t0
+    return proc, seconds, kernel_log.read_text(errors="replace") if kernel_log.exists() else ""
+
+
+REPLAY_KERNEL = "pgnb-replay"
+
+
+def replay_kernel(root: Path, python: str) -> Path:
+    """A kernelspec ``REPLAY_KERNEL`` under ``root`` (a ``JUPYTER_PATH``): ``python``'s ipykernel, as
+    ``--nbval-current-env`` starts it, but with its stderr appended to a file (the path returned), not
+    thrown away. ``exec``: the kernel is the process nbval signals and SIGKILLs."""
+    log = root / "kernel-stderr.log"
+    spec = root / "kernels" / REPLAY_KERNEL
+    spec.mkdir(parents=True)
+    argv = ["/bin/sh", "-c", 'exec "$0" -m ipykernel_launcher -f "$1" 2>>"$2"', python, "{connection_file}", str(log)]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "pgnb replay", "language": "python"}))
+    return log
 
 
 # ---- the notebooks themselves (no kernel) -------------------------------------------

@@ -424,9 +424,34 @@ def test_fault_kernel_shutdown_with_world_8(record_property, tmp_path):
 #: Loaded by every Python process a test starts with it on PYTHONPATH; acts only in an ipyparallel controller.
 #: It hands the controller a port another process holds, as ipyparallel's probe-then-bind port choice can
 #: (the port it probed is taken before its scheduler binds it): once (the first controller to rename the
-#: marker), or in every controller (PGNB_TEST_EVERY_CONTROLLER).
+#: marker), or in every controller (PGNB_TEST_EVERY_CONTROLLER). With PGNB_TEST_LATE_SCHEDULER, only the
+#: task scheduler's engine port is taken, that scheduler fails once the controller has listed it alive,
+#: and the controller reaps its children at once (SIGCHLD), as a busy controller's next
+#: ``multiprocessing`` start would: pgnb then sees the scheduler gone with no exit status.
 TAKEN_PORT_SITE = """
 import os, sys
+def _late_scheduler(taken):
+    import multiprocessing, signal, time
+    from ipyparallel import util
+    from ipyparallel.controller.app import IPController
+    calls = []
+    next_port = IPController.next_port
+    def taken_fourth(self, pool_name="common"):
+        calls.append(pool_name)
+        port = next_port(self, pool_name)
+        return taken if len(calls) == 4 else port  # registration, control, mux, then the task scheduler's
+    IPController.next_port = taken_fourth
+    bind = util.bind
+    def late_bind(socket, url, *args, **kwargs):
+        if url.endswith(f":{taken}"):  # the controller's list of its processes written first (pgnb's)
+            app = IPController.instance()
+            listed = os.path.join(app.profile_dir.location, "log", f"pgnb-schedulers-{app.cluster_id}.json")
+            deadline = time.monotonic() + 5
+            while not os.path.exists(listed) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return bind(socket, url, *args, **kwargs)
+    util.bind = late_bind
+    signal.signal(signal.SIGCHLD, lambda *_: multiprocessing.active_children())
 if "ipyparallel.controller" in sys.orig_argv and os.environ.get("PGNB_TEST_TAKEN_PORT"):
     marker = os.environ["PGNB_TEST_MARKER"]
     try:
@@ -435,9 +460,12 @@ if "ipyparallel.controller" in sys.orig_argv and os.environ.get("PGNB_TEST_TAKEN
     except OSError:
         pass
     else:
-        from ipyparallel import util
         taken = int(os.environ["PGNB_TEST_TAKEN_PORT"])
-        util.select_random_ports = lambda n: [taken] * n
+        if os.environ.get("PGNB_TEST_LATE_SCHEDULER"):
+            _late_scheduler(taken)
+        else:
+            from ipyparallel import util
+            util.select_random_ports = lambda n: [taken] * n
 """
 
 
@@ -472,7 +500,8 @@ def test_a_controller_that_loses_a_port_as_it_starts_is_started_again(taken_port
             sb.start()
         took = time.monotonic() - t0
         assert not taken_port.exists() and taken_port.with_suffix(".taken").exists()  # the fault happened
-        assert any("exit status 1) as it started; starting a new controller" in r.getMessage()
+        assert any("died (exit status 1): zmq.error.ZMQError: Address already in use" in r.getMessage() and
+                   "as it started; starting a new controller" in r.getMessage()
                    for r in caplog.records), [r.getMessage() for r in caplog.records]
         assert sb.run(lambda: __import__("torch.distributed").distributed.get_world_size()) == [2, 2]
         assert sb.snapshot().message == ""
@@ -513,10 +542,32 @@ def test_a_controller_that_cannot_start_twice_is_reported_in_one_line(taken_port
         sb.start()
     took = time.monotonic() - t0
     msg = str(err.value)
-    assert "died (exit status 1)" in msg and "--force" in msg and "\n" not in msg, msg
+    assert "died (exit status 1): zmq.error.ZMQError: Address already in use" in msg, msg  # why, from its log
+    assert "--force" in msg and "\n" not in msg, msg
     assert took < 30, took
     assert sb.pids == [] or wait_gone(sb.pids, timeout=10) == []
     sb.shutdown()
+
+
+def test_a_scheduler_reaped_before_pgnb_saw_its_status_is_started_again_when_its_port_was_taken(
+        taken_port, monkeypatch, caplog):
+    """A scheduler whose port was taken fails after the controller listed it, and the controller reaps it
+    before pgnb looks (no exit status, no zombie): the controller's log says why, so the cold start still
+    starts a fresh controller, says why in pgnb's log, and the world works; nothing of the first is left."""
+    monkeypatch.setenv("PGNB_TEST_LATE_SCHEDULER", "1")
+    sb = pgnb.Sandbox(backend="gloo", world=2)
+    try:
+        with caplog.at_level("INFO", logger="pgnb"):
+            sb.start()
+        assert not taken_port.exists() and taken_port.with_suffix(".taken").exists()  # the fault happened
+        said = [r.getMessage() for r in caplog.records if "starting a new controller" in r.getMessage()]
+        assert len(said) == 1 and "an ipyparallel scheduler (part of the controller) died" in said[0] \
+            and "Address already in use" in said[0], [r.getMessage() for r in caplog.records]
+        assert sb.run(lambda: __import__("torch.distributed").distributed.get_world_size()) == [2, 2]
+        token, pids = sb.owner_token, sb.pids
+    finally:
+        sb.shutdown()
+    assert wait_gone(pids, timeout=10) == [] and owned_by_token(token) == []
 
 
 def _ok(k, code, timeout=300):

@@ -27,7 +27,7 @@ from ..rank import engine
 from ..spec import LOCAL_LAUNCHERS
 from . import batchjobs
 from .files import private_file
-from .liveness import STATUS_WAIT, describe_exit
+from .liveness import STATUS_WAIT, describe_exit, logged_exception
 from .registration import MissedNotices
 from .remote import is_local
 from .rendezvous import EngineInfo
@@ -579,6 +579,12 @@ class EnginePool:
         if self.cluster is not None and now >= self._next_queue_look:  # squeue is a process: not every look
             self._next_queue_look = now + 0.5
             self.queued = batchjobs.check_queue(self.cluster)
+
+    def controller_error(self) -> str:
+        """The last exception in the log of this pool's local controller, "" if none (any thread)."""
+        controller = getattr(self.cluster, "controller", None)
+        path = getattr(controller, "output_file", "") if self.launcher in LOCAL_LAUNCHERS else ""
+        return logged_exception(path) if path else ""
 
     def ended_job(self) -> str | None:
         """How the batch job of these engines ended, if it has ("Slurm job 12 was cancelled"); any thread."""

@@ -36,12 +36,23 @@ DEPENDENCIES: dict[ProcessKind, str] = {
 PRIORITY: dict[ProcessKind, int] = {kind: i for i, kind in enumerate(DEPENDENCIES)}
 
 
+#: How a controller process's log ends when a port ipyparallel chose for it was taken before it bound it:
+#: ipyparallel finds a free port by binding and closing it, and the scheduler binds it a moment later.
+PORT_TAKEN = "Address already in use"
+
+
 @dataclass(frozen=True)
 class Broken:
     """A process every rank needs died (the controller or a scheduler): no rank can be reached."""
 
     cause: str  # one line: "the ipyparallel controller died (SIGKILL)"
     status: int | None  # that process's exit status (negative: a signal), None when unknown
+
+    @property
+    def failed_by_itself(self) -> bool:
+        """It ended on an error (exit status 1, or a port taken from it), not killed: a fresh controller may
+        do better. A scheduler the controller reaped before pgnb saw it has no status, only its log."""
+        return self.status == 1 or (self.status is None and PORT_TAKEN in self.cause)
 
 
 class Health:
@@ -55,9 +66,11 @@ class Health:
 
     def __init__(self, announce: Callable[[str], None], rank_of: Callable[[int], int | None],
                  exit_status: Callable[[int], int | None], respawn_reaper: Callable[[int], int | None],
-                 ended: Callable[[], str | None] = lambda: None) -> None:
+                 ended: Callable[[], str | None] = lambda: None,
+                 controller_error: Callable[[], str] = lambda: "") -> None:
         self._announce = announce
         self._ended = ended  # how the batch job of the engines ended, if it did (a lost engine's cause then)
+        self._controller_error = controller_error  # the last exception in the controller's log, "" if none
         self._rank_of = rank_of
         self._exit_status = exit_status
         self._respawn_reaper = respawn_reaper
@@ -211,6 +224,10 @@ class Health:
             kind = self._kinds.get(pid, "engine")
             zygote = self._forked.get(pid, (0, None))[0]
             zygote_death = self._dead_zygotes.get(zygote)
+        if kind in ("controller", "scheduler") and (status is None or status > 0):
+            # not killed: why is in the controller's log (its schedulers, forked from it, write there too)
+            error = self._controller_error()
+            return died_text(DEPENDENCIES[kind], status) + (f": {error}" if error else "")
         if kind != "engine":
             return died_text(DEPENDENCIES[kind], status)
         return zygote_death or self._ended() or describe_exit(status)

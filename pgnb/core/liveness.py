@@ -17,6 +17,7 @@ first), so a controller or zygote is named before the engines that die with it.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -66,6 +67,26 @@ def died_text(what: str, status: int | None) -> str:
         except ValueError:
             return f"{what} died (signal {-status})"
     return f"{what} died (exit status {status})"
+
+
+def last_exception(log: str) -> str:
+    """The line that ends the last traceback in ``log`` (``zmq.error.ZMQError: Address already in use
+    (addr='tcp://127.0.0.1:40123')``), "" if there is none."""
+    lines = log.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback (most recent call last):"):
+            return next((line.strip() for line in lines[i + 1:] if line and not line[0].isspace()), "")
+    return ""
+
+
+def logged_exception(path: str, tail: int = 65536) -> str:
+    """``last_exception`` of the last ``tail`` bytes of the log file ``path`` ("" if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - tail))
+            return last_exception(f.read().decode(errors="replace"))
+    except OSError:
+        return ""
 
 
 class Watcher:

@@ -48,11 +48,12 @@ from .status import ask_ranks
 from .text import ranks_text, reinit_note
 
 STATUS_TIMEOUT = 5.0
-#: Cold starts of a controller that failed as it started (a process of it exited with status 1) before
-#: pgnb reports it. ipyparallel picks each of the controller's ~20 ports by binding port 0 and closing
-#: it; a scheduler process binds it a moment later, and another process can take it in between (seen
-#: here: 1 in 60 forced restarts with three worlds starting at once, "Address already in use"). A fresh
-#: controller picks fresh ports. A controller killed by a signal is not started again.
+#: Cold starts of a controller that failed as it started (a process of it exited with status 1, or its log
+#: says a port was taken where the controller reaped it first) before pgnb reports it. ipyparallel picks
+#: each of the controller's ~20 ports by binding port 0 and closing it; a scheduler process binds it a
+#: moment later, and another process can take it in between (seen here: 1 in 60 forced restarts with
+#: three worlds starting at once, "Address already in use"). A fresh controller picks fresh ports. A
+#: controller killed by a signal is not started again.
 CONTROLLER_STARTS = 2
 #: After Ctrl-C in a re-init, how long ranks already in the rendezvous get to finish before their
 #: engines are stopped (a rank blocked in gloo's connect ignores SIGINT).
@@ -326,7 +327,8 @@ class World:
         return Health(announce=lambda message: self._publish(message=message), rank_of=self._rank_of,
                       exit_status=lambda pid: h.exit_status(pid) if (h := self._hosting) else exit_status(pid),
                       respawn_reaper=lambda pid: h.respawn_reaper(pid) if (h := self._hosting) else None,
-                      ended=lambda: h.pool.ended_job() if (h := self._hosting) else None)
+                      ended=lambda: h.pool.ended_job() if (h := self._hosting) else None,
+                      controller_error=lambda: h.pool.controller_error() if (h := self._hosting) else "")
 
     def _known(self) -> dict[int, EngineInfo]:
         return self._hosting.known if self._hosting is not None else {}
@@ -378,8 +380,7 @@ class World:
             self._rendezvous = None
 
     def _start_engines(self, spec: WorldSpec) -> None:
-        """Engines up and known, the ranks chosen; a cold start whose controller failed as it started
-        (``CONTROLLER_STARTS``) is started again with a fresh controller."""
+        """Engines up and known, the ranks chosen; a cold start whose controller failed gets a fresh one."""
         for start in range(1, CONTROLLER_STARTS + 1):
             cold = self._pool is None
             try:
@@ -388,7 +389,7 @@ class World:
                 return
             except WorldBroken:
                 broken = self._health.broken
-                if not (cold and broken is not None and broken.status == 1 and start < CONTROLLER_STARTS):
+                if not (cold and broken is not None and broken.failed_by_itself and start < CONTROLLER_STARTS):
                     raise
                 # info, not a warning: a warning reaches the cell's stderr, and a recovered start must
                 # leave a notebook's recorded outputs as they are (strict nbval compares stderr)
