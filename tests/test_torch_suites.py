@@ -43,6 +43,8 @@ SUITE = textwrap.dedent('''
         TEST_SKIPS, MultiProcContinuousTest, MultiProcessTestCase, skip_if_lt_x_gpu)
 
     os.environ["SUITE_CLASS_MARK"] = "set in the pytest process"
+    # torch's intra-op threads in a fresh process (a spawned one re-imports this module: the parent's stays)
+    os.environ.setdefault("SUITE_FRESH_THREADS", str(torch.get_num_threads()))
     from torch.testing._internal.distributed._tensor.common_dtensor import DTensorTestBase, with_comms
 
 
@@ -72,6 +74,7 @@ SUITE = textwrap.dedent('''
             self.assertEqual(t.item(), 1.0)
             self.assertEqual(os.environ["SUITE_MARK"], "set by setUp")
             self.assertEqual(dist.get_world_size(), 2)
+            self.assertEqual(torch.get_num_threads(), int(os.environ["SUITE_FRESH_THREADS"]))
             dist.destroy_process_group()
 
         def test_fail(self):
@@ -122,6 +125,7 @@ SUITE = textwrap.dedent('''
         def test_seeded(self):
             self.assertEqual(torch.initial_seed(), 1234)  # torch's set_rng_seed() before each test
             self.assertEqual(os.environ["SUITE_CLASS_MARK"], "set in the pytest process")
+            self.assertEqual(torch.get_num_threads(), int(os.environ["SUITE_FRESH_THREADS"]))
 
         @unittest.skip("unittest's skip mark")  # unittest skips it in pytest's process: no rank runs it
         def test_unittest_skip(self):

@@ -20,6 +20,22 @@ from .library_state import forget_world
 from .rendezvous import reset_group_counter
 
 _STATE: dict[str, Any] = {}
+#: torch's intra-op thread count before pgnb first set one: what a fresh process here starts with
+_FRESH_THREADS: list[int] = []
+
+
+def fresh_threads(env: dict[str, str]) -> int:
+    """The intra-op threads torch gives a fresh process started with ``env``: ``OMP_NUM_THREADS`` or
+    ``MKL_NUM_THREADS`` where set (torch reads both, MKL's last), else this process's count before pgnb
+    set one (a world's ranks share the cores: ``threads``)."""
+    import torch
+
+    count = 0
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        value = env.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            count = int(value)
+    return count or (_FRESH_THREADS[0] if _FRESH_THREADS else torch.get_num_threads())
 
 
 def route_to(host: str) -> tuple[str, str | None]:
@@ -167,6 +183,8 @@ def init_rank(plan: InitPlan) -> RankReport:
     import torch
     import torch.distributed as dist
 
+    if not _FRESH_THREADS:
+        _FRESH_THREADS.append(torch.get_num_threads())
     torch.set_num_threads(plan["threads"])
     dist.set_debug_level_from_env()
     if dist.is_initialized():

@@ -29,6 +29,7 @@ from typing import Any
 
 from .._wire import TorchClassRun, TorchTestOutcome, TorchTestRun
 from . import module_state
+from .engine import fresh_threads
 from .rendezvous import reset_group_counter
 
 #: ``multiprocessing``'s exit status for a target that raised
@@ -128,7 +129,8 @@ def _import(name: str, path: str) -> Any:
 
 @contextlib.contextmanager
 def as_spawned(run: TorchTestRun | TorchClassRun) -> Iterator[None]:
-    """The parent's environment, directory and import path for the test; this rank's back afterwards."""
+    """The parent's environment, directory and import path for the test, and the intra-op threads torch
+    gives the process it would spawn; this rank's back afterwards."""
     import torch
 
     env, cwd = dict(os.environ), os.getcwd()
@@ -140,6 +142,7 @@ def as_spawned(run: TorchTestRun | TorchClassRun) -> Iterator[None]:
     sys.path[:0] = [p for p in run["sys_path"] if p not in sys.path]
     with contextlib.suppress(OSError):
         os.chdir(run["cwd"])
+    torch.set_num_threads(fresh_threads(run["env"]))  # not the world's share of the cores: torch's own default
     try:
         yield
     finally:
