@@ -19,9 +19,8 @@ from . import rendezvous as rank_rendezvous
 from .library_state import forget_world
 from .rendezvous import reset_group_counter
 
+#: "fresh_threads": torch's intra-op thread count before pgnb first set one (what a fresh process here has)
 _STATE: dict[str, Any] = {}
-#: torch's intra-op thread count before pgnb first set one: what a fresh process here starts with
-_FRESH_THREADS: list[int] = []
 
 
 def fresh_threads(env: dict[str, str]) -> int:
@@ -35,7 +34,7 @@ def fresh_threads(env: dict[str, str]) -> int:
         value = env.get(name, "").strip()
         if value.isdigit() and int(value) > 0:
             count = int(value)
-    return count or (_FRESH_THREADS[0] if _FRESH_THREADS else torch.get_num_threads())
+    return count or int(_STATE.get("fresh_threads") or torch.get_num_threads())
 
 
 def route_to(host: str) -> tuple[str, str | None]:
@@ -183,8 +182,7 @@ def init_rank(plan: InitPlan) -> RankReport:
     import torch
     import torch.distributed as dist
 
-    if not _FRESH_THREADS:
-        _FRESH_THREADS.append(torch.get_num_threads())
+    _STATE.setdefault("fresh_threads", torch.get_num_threads())
     torch.set_num_threads(plan["threads"])
     dist.set_debug_level_from_env()
     if dist.is_initialized():
