@@ -69,6 +69,9 @@ TESTS = (
 SHOWN = ("torch", "ipyparallel", "ipython", "ipykernel", "ipywidgets", "jupyter_client", "pyzmq", "numpy",
          "matplotlib", "psutil", "nbval", "pytest")
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
+#: Files this large or larger are stored once across the columns (share_identical_files); smaller ones are not
+#: worth reading twice.
+SHARED_MIN_BYTES = 1 << 20
 
 
 def venv_dir(name: str) -> Path:
@@ -125,6 +128,42 @@ def install(name: str) -> float:
     return time.monotonic() - t0
 
 
+def share_identical_files(folders: list[Path]) -> int:
+    """Hard-link the columns' identical large files (CUDA's libraries, torch's, triton's) to one copy each.
+
+    The columns hold several GB each, mostly the same wheels' files; on a machine whose disk is shared,
+    one copy of them is the difference between a run that fits and one that fails with "No space left".
+    pip replaces a file by unlinking it, so a later install in one venv leaves the others' copies alone.
+    Returns the bytes freed."""
+    by_size: dict[int, list[Path]] = {}
+    for folder in folders:
+        for path in folder.rglob("*"):
+            if path.is_file() and not path.is_symlink() and path.stat().st_size >= SHARED_MIN_BYTES:
+                by_size.setdefault(path.stat().st_size, []).append(path)
+    freed = 0
+    for size, paths in by_size.items():
+        if len(paths) < 2:
+            continue
+        first_by_digest: dict[str, Path] = {}
+        digest_by_inode: dict[int, str] = {}  # a file already shared is read once
+        for path in paths:
+            inode = path.stat().st_ino
+            if inode not in digest_by_inode:
+                digest = hashlib.sha256()
+                with path.open("rb") as f:
+                    while chunk := f.read(1 << 20):
+                        digest.update(chunk)
+                digest_by_inode[inode] = digest.hexdigest()
+            first = first_by_digest.setdefault(digest_by_inode[inode], path)
+            if first.stat().st_ino == inode:
+                continue
+            spare = path.with_name(path.name + ".pgnb-link")
+            os.link(first, spare)
+            os.replace(spare, path)  # atomic: the path is never missing
+            freed += size
+    return freed
+
+
 def versions(name: str) -> dict[str, str]:
     code = ("import json, platform\nfrom importlib.metadata import version\n"
             f"v = {{n: version(n) for n in {SHOWN!r}}}\nv['Python'] = platform.python_version()\nprint(json.dumps(v))")
@@ -179,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         seconds = install(name)
         print(f"matrix: {name}: venv " + (f"built in {seconds:.0f} s" if seconds else "up to date"), flush=True)
+        built = [n for n in COLUMNS if (venv_dir(n) / "bin" / "python").exists()]
+        if seconds and len(built) > 1:  # before the next column is built, so its peak holds one copy too
+            freed = share_identical_files([venv_dir(n) for n in built])
+            print(f"matrix: {freed / 2**30:.1f} GiB of files the columns have in common now stored once", flush=True)
     if args.install_only:
         return 0
     failed = []

@@ -18,7 +18,7 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
-from support_matrix import COLUMNS, MAIN_PYTHON
+from support_matrix import COLUMNS, MAIN_PYTHON, SHARED_MIN_BYTES, share_identical_files
 from test_user_install import REQUIRE_VAR, installed, user_env, user_python
 
 import pgnb
@@ -113,3 +113,22 @@ def test_version_in_the_user_venv():
         line = out.stdout.strip()
         assert line.startswith(f"pgnb {pgnb.__version__} (torch 2."), line
         assert "ipyparallel 9." in line and f"Python {sys.version_info[0]}." in line, line
+
+
+def test_the_matrix_columns_keep_one_copy_of_the_files_they_share(tmp_path):
+    """Large identical files across the columns' venvs end as one inode; different or small ones do not."""
+    big, other, small = b"a" * SHARED_MIN_BYTES, b"b" * SHARED_MIN_BYTES, b"c" * 100
+    folders = [tmp_path / "one", tmp_path / "two", tmp_path / "three"]
+    for folder in folders:
+        (folder / "lib").mkdir(parents=True)
+        (folder / "lib" / "cuda.so").write_bytes(big)
+        (folder / "small.py").write_bytes(small)
+    (folders[2] / "lib" / "cuda.so").write_bytes(other)  # the same size, another build
+
+    assert share_identical_files(folders) == SHARED_MIN_BYTES
+    inode = [(f / "lib" / "cuda.so").stat().st_ino for f in folders]
+    assert inode[0] == inode[1] != inode[2]
+    assert len({(f / "small.py").stat().st_ino for f in folders}) == 3
+    assert [(f / "lib" / "cuda.so").read_bytes() for f in folders] == [big, big, other]
+    assert not list(tmp_path.rglob("*.pgnb-link"))
+    assert share_identical_files(folders) == 0  # what is shared already is not counted again
