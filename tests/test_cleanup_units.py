@@ -234,6 +234,29 @@ def test_a_stop_waits_for_the_engines_only_then_kills_the_rest_at_once():
                 p.wait()
 
 
+def test_a_stop_takes_another_process_s_zombie_as_ended():
+    """An engine is the zygote's child: once it has exited, ``kill_all`` does not wait for the zygote to reap
+    it (psutil's wait did, up to the grace), and it sees the exit within milliseconds, not psutil's 40 ms steps."""
+    parent = subprocess.Popen([sys.executable, "-c", "import os, time\n"
+                               "pid = os.fork()\n"
+                               "if pid == 0:\n"
+                               "    time.sleep(60)\n"
+                               "    os._exit(0)\n"
+                               "print(pid, flush=True)\n"
+                               "time.sleep(60)  # never reaps its child"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        t0 = time.monotonic()
+        processes.kill_all([child], grace=3.0, awaited=[child])
+        took = time.monotonic() - t0
+        assert process_state(child) == "zombie"  # its parent's to reap, not ours
+        assert took < 0.5, took
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 def test_handles_see_an_ended_process_in_one_poll_a_zombie_too():
     """``Handles.ended``: a killed child (a zombie until reaped) has ended; a live one and a reused pid's
     stranger are told apart by the pidfd, not by the pid."""
