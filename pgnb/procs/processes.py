@@ -79,7 +79,7 @@ def kill_all(pids: list[int], grace: float = 1.0, awaited: list[int] | None = No
             pass
     waited = None if awaited is None else set(awaited)
     first = procs if waited is None else [(p, t) for p, t in procs if p.pid in waited]
-    alive = wait_ended(first, timeout=grace)
+    alive = _wait_ended(first, timeout=grace)
     if waited is not None:
         alive += [(p, t) for p, t in procs if p.pid not in waited and not _ended(p.pid, t)]
     for p, _ in alive:
@@ -87,14 +87,15 @@ def kill_all(pids: list[int], grace: float = 1.0, awaited: list[int] | None = No
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    wait_ended(alive, timeout=grace)
+    _wait_ended(alive, timeout=grace)
 
 
-def wait_ended(procs: list[tuple[Any, float]], timeout: float) -> list[tuple[Any, float]]:
+def _wait_ended(procs: list[tuple[Any, float]], timeout: float) -> list[tuple[Any, float]]:
     """Wait up to ``timeout`` s for each ``(process, start_time)`` to end; those still running.
 
     Polled every few milliseconds (an engine ends 5-40 ms after SIGTERM): psutil's wait backs off to
-    40 ms, which made a world's stop wait 100-130 ms for engines gone after 30."""
+    40 ms, which made a world's stop wait 100-130 ms for engines gone after 30. Not ``pgnb.core.waiting``:
+    that layer is above this one, and this wait hands back what is left."""
     deadline = time.monotonic() + timeout
     delay = 0.001
     while True:
