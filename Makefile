@@ -67,7 +67,7 @@ user-venv: $(USER_PY)
 	$(USER_PIP) install --force-reinstall --no-deps dist/pgnb-*.whl
 
 # pytest in one stage; its exit status 5 (no test selected, e.g. PYTEST_ARGS picked another stage's file) is not a failure
-STAGE = IPYTHONDIR=$$(mktemp -d) PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest -x $(PYTEST_ARGS)
+STAGE = PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest -x $(PYTEST_ARGS)
 NO_TESTS_OK = || [ $$? = 5 ]
 
 # Two pytest-xdist workers, a test module each at a time (module fixtures stay shared): the engine, kernel,

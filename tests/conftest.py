@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import tempfile
+
+# What the tests and the processes they start leave in the temporary folder (ipykernel's cell files,
+# a killed run's files) goes in one folder of this session's, removed at its end (pytest_unconfigure).
+_session_temp = tempfile.mkdtemp(prefix="pgnb-tests-")
+os.environ["TMPDIR"] = _session_temp
+tempfile.tempdir = None  # tempfile read TMPDIR once already
 
 # Before anything imports IPython or ipyparallel: never touch the user's profile.
 if not os.environ.get("IPYTHONDIR", "").startswith(tempfile.gettempdir()):
@@ -28,6 +35,10 @@ import pytest  # noqa: E402  (IPYTHONDIR and PYTHONPATH must be set first)
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False,
                      help="also run the tests marked slow (the soak set: `make soak`)")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_session_temp, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -27,7 +27,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,9 +174,9 @@ def versions(name: str) -> dict[str, str]:
 def run_tests(name: str, workers: int) -> tuple[int, float, str]:
     """TESTS in the column's venv: (exit status, seconds, the report's last lines)."""
     python = str(venv_dir(name) / "bin" / "python")
-    # the notebook replays run in this python (no user-install venv), and never the user's IPython profile
+    # the notebook replays run in this python (no user-install venv); tests/conftest.py gives the run its own
+    # IPYTHONDIR and temporary folder, removed at its end
     env = {k: v for k, v in os.environ.items() if k not in ("PGNB_USER_PYTHON", "VIRTUAL_ENV", "PYTHONPATH")}
-    env["IPYTHONDIR"] = tempfile.mkdtemp(prefix=f"pgnb-matrix-{name}-")
     spread = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
     args = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *spread, *TESTS]
     t0 = time.monotonic()

@@ -457,7 +457,9 @@ def test_kill_9_of_pytest_during_a_continuous_class_leaves_nothing(pytester: pyt
                 open({str(ready)!r} + str(self.rank), "w").close()
                 time.sleep(120)
     """))
-    env = {**os.environ, "IPYTHONDIR": str(ipythondir)}
+    temp = tmp_path / "temp"  # the run's temporary files: the class's FileStore among them
+    temp.mkdir()
+    env = {**os.environ, "IPYTHONDIR": str(ipythondir), "TMPDIR": str(temp)}
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pgnb-torch",
                              "test_k.py"], cwd=pytester.path, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -479,6 +481,11 @@ def test_kill_9_of_pytest_during_a_continuous_class_leaves_nothing(pytester: pyt
         proc.wait(10)
     left = wait_gone(ours, timeout=10)
     assert not left, [(p, psutil.Process(p).cmdline()[:3]) for p in left]
+    deadline = time.monotonic() + 5  # the reaper removes the world's files once its processes are gone
+    while (files := [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor")]) and (
+            time.monotonic() < deadline):
+        time.sleep(0.05)
+    assert not files, files  # torch's own compile cache (torchinductor_USER) is torch's, shared by every run
 
 
 def _run_with_pgnb_torch(path: Path, ipythondir: Path, *args: str) -> Any:

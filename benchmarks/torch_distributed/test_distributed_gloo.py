@@ -9,7 +9,9 @@ holding ``barrier``. This file does the same (the environment is set here when i
     pytest --pgnb-torch benchmarks/torch_distributed     # every test on one warm pgnb world
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("BACKEND", "gloo")
@@ -17,6 +19,12 @@ os.environ.setdefault("WORLD_SIZE", "2")
 if "TEMP_DIR" not in os.environ:
     os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="pgnb-dist-suite-")
     open(os.path.join(os.environ["TEMP_DIR"], "barrier"), "w").close()
+    _OWNER, _FOLDER = os.getpid(), os.environ["TEMP_DIR"]
+
+    @atexit.register
+    def _remove_temp_dir() -> None:
+        if os.getpid() == _OWNER:  # pytest's exit, not a process forked from it (a rank) running its handlers
+            shutil.rmtree(_FOLDER, ignore_errors=True)
 
 import torch  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402

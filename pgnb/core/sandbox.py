@@ -147,6 +147,12 @@ class Sandbox:
         return hosting.store_dir if hosting is not None else None
 
     @property
+    def scratch_dir(self) -> str:
+        """This world's 0700 folder, for files that must not outlive it: removed at its shutdown, and by its
+        reaper if the process that owns the world is killed."""
+        return self._world.scratch_dir
+
+    @property
     def pids(self) -> list[int]:
         """Every live process pgnb started for this world (engines, nannies, zygotes, controller, reaper)."""
         hosting = self._world.hosting

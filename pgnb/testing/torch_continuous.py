@@ -179,7 +179,9 @@ class ClassWorld:
         cls.processes = [_RankProcess(self, r) for r in range(self.size)]  # type: ignore[attr-defined]
         cls.task_queues = [_Queue() for _ in range(self.size)]  # type: ignore[attr-defined]
         cls.completion_queues = []  # type: ignore[attr-defined]
-        cls.rdvz_file = _rendezvous_file()  # type: ignore[attr-defined]
+        # no file yet: the class's FileStore is made in its world's scratch folder at its set-up, where
+        # the world's reaper removes it if pytest is killed (torch's tearDownClass ignores a missing file)
+        cls.rdvz_file = ""  # type: ignore[attr-defined]
 
     def run(self, item: pytest.Item, case: Any, waits: Any) -> None:
         """The test method in the pytest process: the test on the ranks, and its verdict."""
@@ -271,7 +273,7 @@ class ClassWorld:
             "path": str(getattr(sys.modules[self.cls.__module__], "__file__", "") or ""),
             "qualname": self.cls.__qualname__,
             "world_size": self.size,
-            "rdvz_file": _rendezvous_file(),  # a fresh file for every init of the class's group
+            "rdvz_file": _rendezvous_file(sb.scratch_dir),  # a fresh file for every init of the class's group
             "env": dict(os.environ),  # what torch's spawned workers inherit
             "cwd": os.getcwd(),
             "sys_path": [p for p in sys.path if isinstance(p, str)],
@@ -280,6 +282,7 @@ class ClassWorld:
                 f"{run!r}, {self._ranks(sb)!r})")
         self._forget_file()
         self.file = run["rdvz_file"]  # the group's FileStore: new_group (a DeviceMesh) meets there later
+        self.cls.rdvz_file = self.file  # type: ignore[attr-defined]
         try:
             result = reply_cell(sb, call, range(self.size), min(timeout, CLASS_STEP_TIMEOUT))
         except BaseException:
@@ -318,8 +321,8 @@ class ClassWorld:
             world_pool(self.config).recycle(sb)
 
 
-def _rendezvous_file() -> str:
-    fd, path = tempfile.mkstemp(prefix="pgnb-continuous-")
+def _rendezvous_file(folder: str) -> str:
+    fd, path = tempfile.mkstemp(prefix="continuous-", dir=folder)
     os.close(fd)
     return path
 
