@@ -70,6 +70,8 @@ MONITOR = textwrap.dedent("""
     from ipyparallel.controller.heartmonitor import start_heartmonitor
     from pgnb.procs import ipcontroller_config
     ipcontroller_config._new_hearts_at_first_answer()
+    if sys.argv[5:] == ["ping-on-connect"]:
+        ipcontroller_config._ping_hearts_as_they_connect()
     config = Config()
     config.HeartMonitor.period = int(sys.argv[4])
     start_heartmonitor(*sys.argv[1:4], config=config)
@@ -115,6 +117,80 @@ def test_a_new_heart_is_reported_at_its_first_answer():
                     reported = time.monotonic()
         assert first_ping is not None and reported is not None, "the heart monitor reported no new heart"
         assert reported - first_ping < period / 2, f"reported {reported - first_ping:.2f} s after the first ping"
+    finally:
+        monitor.kill()
+        monitor.wait()
+        ctx.destroy(linger=0)
+
+
+def _heart_monitor(ctx, period: float, *extra: str):
+    """A real heart monitor in a process of its own (pgnb's config applied), and the hub's socket that hears it."""
+    import zmq
+
+    hub = ctx.socket(zmq.SUB)  # what the hub's monitor socket is to the heart monitor
+    hub.setsockopt(zmq.SUBSCRIBE, b"")
+    ports = [hub.bind_to_random_port("tcp://127.0.0.1")]
+    for _ in range(2):  # the monitor's ping and pong sockets bind in its own process
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.insert(-1, s.getsockname()[1])
+    ping, pong, monitor_url = (f"tcp://127.0.0.1:{p}" for p in ports)
+    args = [sys.executable, "-c", MONITOR, ping, pong, monitor_url, str(int(period * 1000)), *extra]
+    return subprocess.Popen(args), hub, ping, pong
+
+
+def _heart(ctx, name: bytes, ping: str, pong: str):
+    """An engine's heart as ipyparallel's ``Heart`` device is: pings in on a SUB, each sent back on a DEALER."""
+    import zmq
+
+    heart_in, heart_out = ctx.socket(zmq.SUB), ctx.socket(zmq.DEALER)
+    heart_in.setsockopt(zmq.SUBSCRIBE, b"")
+    heart_out.setsockopt(zmq.IDENTITY, name)
+    heart_in.connect(ping)
+    heart_out.connect(pong)
+    return heart_in, heart_out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("ping_on_connect", [True, False], ids=["pgnb", "ipyparallel"])
+def test_a_heart_that_connects_between_beats_is_pinged_at_once(ping_on_connect):
+    """Heart B connects right after a beat (heart A has just been pinged): with pgnb's config the monitor sends
+    the beat's ping again as B connects, and the hub hears of B within a fraction of the period (3 s here);
+    ipyparallel's own way, the control, waits for the next beat."""
+    import json
+
+    import zmq
+
+    period = 3.0
+    ctx = zmq.Context()
+    monitor, hub, ping, pong = _heart_monitor(ctx, period, *(["ping-on-connect"] if ping_on_connect else []))
+    try:
+        a_in, a_out = _heart(ctx, b"heart-a", ping, pong)
+        poller = zmq.Poller()
+        for sock in (hub, a_in):
+            poller.register(sock, zmq.POLLIN)
+        b_in = b_out = None
+        connected = reported = None
+        deadline = time.monotonic() + 5 * period
+        while reported is None and time.monotonic() < deadline:
+            for sock, _ in poller.poll(20):
+                msg = sock.recv_multipart()
+                if sock is a_in:
+                    a_out.send_multipart(msg)
+                    if b_in is None:  # a beat has just been sent: B connects now, a period before the next
+                        b_in, b_out = _heart(ctx, b"heart-b", ping, pong)
+                        connected = time.monotonic()
+                        poller.register(b_in, zmq.POLLIN)
+                elif sock is b_in:
+                    b_out.send_multipart(msg)
+                elif msg[-1:] and b"heart-b" in msg[-1] and "heart-b" in json.loads(msg[-1]).get("hearts", []):
+                    reported = time.monotonic()
+        assert connected is not None and reported is not None, "the heart monitor reported no new heart B"
+        took = reported - connected
+        if ping_on_connect:
+            assert took < period / 6, f"heart B reported {took:.2f} s after it connected"
+        else:
+            assert took > period / 2, f"without pgnb's config, heart B was reported {took:.2f} s after it connected"
     finally:
         monitor.kill()
         monitor.wait()

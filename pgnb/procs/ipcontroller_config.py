@@ -30,8 +30,12 @@ beat after the one the heart first answered, 100-200 ms after the engine is
 ready with pgnb's 100 ms period. Here it reports a new heart at its first
 answer (``_new_hearts_at_first_answer``): a cold ``%pg_init --world 4`` is
 ready ~0.15 s sooner. What counts as a missed beat, and when an engine is
-declared dead, is unchanged. Where the monitor is not forked (a start method
-other than fork), it keeps ipyparallel's way.
+declared dead, is unchanged. And a heart that connects between two beats is
+sent the beat's ping again at once (``_ping_hearts_as_they_connect``), while
+the monitor knows few hearts: it need not wait up to a period for the next
+beat. A cold ``%pg_init --world 4``: 1.84 s against 1.90 s (median of 8,
+alternating). Where the monitor is not forked (a start method other than
+fork), it keeps ipyparallel's way.
 """
 
 from __future__ import annotations
@@ -122,7 +126,59 @@ def _new_hearts_at_first_answer() -> None:
     HeartMonitor.handle_pong = handle_pong_then_new_heart
 
 
+#: after a heart connects, when to send it the current beat's ping again (seconds): its subscription reaches the
+#: monitor's PUB socket just after the connection, and a ping sent before that is not delivered to it
+PING_AGAIN_AFTER = (0.005, 0.03)
+#: every heart answers every ping: past this many hearts, the pings again would cost more than a beat's wait saves
+#: (a world of 64 took 0.1-0.7 s longer to start with them for every heart)
+PING_AGAIN_UP_TO = 16
+
+
+def _ping_hearts_as_they_connect() -> None:
+    """A heart that connects is sent the current beat's ping again a few ms later, rather than waiting up to a
+    period for the next beat: with ``_new_hearts_at_first_answer`` its engine's registration completes then.
+
+    It is the ping of the beat under way (the same lifetime), so an answer counts for that beat as any answer
+    does: what counts as a missed beat is unchanged. Every connected heart answers it, so it is sent only while
+    the monitor knows fewer than ``PING_AGAIN_UP_TO`` hearts, coalesced: those of ``PING_AGAIN_AFTER`` per burst
+    of connections."""
+    from ipyparallel.controller.heartmonitor import HeartMonitor
+
+    start = HeartMonitor.start
+    if getattr(start, "pgnb", False):
+        return
+
+    def ping_again(self: Any) -> None:
+        self._pgnb_pings_due -= 1
+        self.ping_stream.send(str(self.lifetime).encode("ascii"))
+        self.ping_stream.flush()
+
+    def connected(self: Any, _event: list[bytes]) -> None:
+        if self._pgnb_pings_due or len(self.hearts) >= PING_AGAIN_UP_TO:  # (a burst: the pings due reach them)
+            return
+        self._pgnb_pings_due = len(PING_AGAIN_AFTER)
+        for delay in PING_AGAIN_AFTER:
+            self.loop.call_later(delay, ping_again, self)
+
+    def start_then_watch_connections(self: Any) -> None:
+        start(self)  # beats from now on (it first waits for the hub to subscribe)
+        try:
+            import zmq
+            from zmq.eventloop.zmqstream import ZMQStream
+
+            self._pgnb_pings_due = 0
+            events = self.ping_stream.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            self._pgnb_connections = ZMQStream(events)  # kept with the monitor: its stream lives as long
+            self._pgnb_connections.on_recv(lambda event: connected(self, event))
+        except Exception as e:  # hearts are then first pinged at the next beat, as ipyparallel does
+            self.log.debug("pgnb: not watching the hearts' connections: %s", e)
+
+    start_then_watch_connections.pgnb = True  # type: ignore[attr-defined]
+    HeartMonitor.start = start_then_watch_connections
+
+
 if "get_config" in globals():  # run by traitlets as a config file: the controller's logger is IPController
     logging.getLogger("IPController").addFilter(IOPubWelcomeFilter())
     _list_schedulers_once_started()
     _new_hearts_at_first_answer()
+    _ping_hearts_as_they_connect()
