@@ -561,3 +561,25 @@ def test_kill_9_of_pytest_while_it_collects_stops_the_controller_started_ahead(p
         proc.communicate(timeout=10)
     left = wait_gone(set(ours), timeout=10)
     assert not left, {p: ours[p] for p in left}
+
+
+def test_the_zygote_imports_the_harness_and_pgnbs_rank_side_once(pytester: pytest.Pytester) -> None:
+    """What the collected classes come from, and pgnb's side of a test on the ranks, are imported by the world's
+    zygote before it forks the ranks: not by every rank at its first test."""
+    from torch.testing._internal.common_distributed import MultiProcContinuousTest
+
+    from pgnb.core import cluster
+    from pgnb.testing import torch_suites
+
+    class TestCollected(MultiProcContinuousTest):
+        world_size = 2
+
+    config = pytester.parseconfig("--pgnb-torch")
+    try:
+        torch_suites.collected(config, [2], [TestCollected])
+        assert "pgnb.rank.torch_continuous" in cluster.ZYGOTE_PRELOAD, cluster.ZYGOTE_PRELOAD
+        assert "torch.testing._internal.common_distributed" in cluster.ZYGOTE_PRELOAD, cluster.ZYGOTE_PRELOAD
+        torch_suites.collected(config, [], [])  # nothing of torch's collected: nothing to import for it
+        assert cluster.ZYGOTE_PRELOAD.count("pgnb.rank.torch_continuous") == 1
+    finally:
+        cluster.ZYGOTE_PRELOAD.clear()

@@ -135,12 +135,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def collected(config: pytest.Config, sizes: list[int], classes: list[type]) -> None:
     """The collected torch tests' world sizes and classes: one warm world as large as the largest, whose
-    zygote imports torch's test harness (the modules the classes come from) once, before forking the ranks."""
+    zygote imports torch's test harness (the modules the classes come from) and pgnb's rank side of it once,
+    before forking the ranks."""
     config.stash[SIZE] = max([config.stash.get(SIZE, 0), *sizes])
     harness = {c.__module__ for cls in classes for c in cls.__mro__ if c.__module__.startswith("torch.testing.")}
     if harness:
         from ..core import cluster
 
+        # pgnb's side of a test on the ranks (it imports pgnb.rank.torch_suites): once in the zygote rather than
+        # in every rank at the first test (18 ms or more each, compiled from source when no bytecode is cached)
+        harness.add("pgnb.rank.torch_continuous")
         cluster.ZYGOTE_PRELOAD[:] = sorted(set(cluster.ZYGOTE_PRELOAD) | harness)
 
 
