@@ -87,21 +87,9 @@ def test_a_new_heart_is_reported_at_its_first_answer():
 
     period = 1.0
     ctx = zmq.Context()
-    hub = ctx.socket(zmq.SUB)  # what the hub's monitor socket is to the heart monitor
-    hub.setsockopt(zmq.SUBSCRIBE, b"")
-    ports = [hub.bind_to_random_port("tcp://127.0.0.1")]
-    for _ in range(2):  # the monitor's ping and pong sockets bind in its own process
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.insert(-1, s.getsockname()[1])
-    ping, pong, monitor_url = (f"tcp://127.0.0.1:{p}" for p in ports)
-    monitor = subprocess.Popen([sys.executable, "-c", MONITOR, ping, pong, monitor_url, str(int(period * 1000))])
+    monitor, hub, ping, pong = _heart_monitor(ctx, period)
     try:
-        heart_in, heart_out = ctx.socket(zmq.SUB), ctx.socket(zmq.DEALER)
-        heart_in.setsockopt(zmq.SUBSCRIBE, b"")
-        heart_out.setsockopt(zmq.IDENTITY, b"pgnb-test-heart")
-        heart_in.connect(ping)
-        heart_out.connect(pong)
+        heart_in, heart_out = _heart(ctx, b"pgnb-test-heart", ping, pong)
         poller = zmq.Poller()
         poller.register(hub, zmq.POLLIN)
         poller.register(heart_in, zmq.POLLIN)
