@@ -309,3 +309,34 @@ def test_a_zygote_that_exits_after_its_last_engine_is_not_that_engines_cause():
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_a_world_s_socket_folder_is_made_where_a_socket_path_fits(tmp_path, monkeypatch):
+    """Under a long TMPDIR (a test runner's, a batch job's) a rank's stack socket in the world's folder would be
+    too long a path for a Unix socket: that folder is then made in /tmp; other folders of pgnb's stay in TMPDIR."""
+    import tempfile
+
+    from pgnb._wire import stack_socket
+    from pgnb.core.files import MAX_SOCKET_PATH, OwnedDir
+
+    long_temp = tmp_path / ("t" * (MAX_SOCKET_PATH - len(str(tmp_path))))
+    long_temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long_temp))
+    sockets, files = OwnedDir(prefix="pgnb-stacks-", sockets=True), OwnedDir(prefix="pgnb-store-")
+    try:
+        assert os.path.dirname(files.path) == str(long_temp)
+        assert os.path.dirname(sockets.path) == "/tmp" and os.stat(sockets.path).st_mode & 0o777 == 0o700
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.bind(stack_socket(sockets.path, 4194304))  # the longest pid Linux gives
+    finally:
+        sockets.remove()
+        files.remove()
+    assert not os.path.exists(sockets.path)
+    short_temp = tempfile.mkdtemp(dir="/tmp")  # a TMPDIR where sockets fit: it is used
+    monkeypatch.setattr(tempfile, "tempdir", short_temp)
+    try:
+        short = OwnedDir(prefix="pgnb-stacks-", sockets=True)
+        short.remove()
+    finally:
+        os.rmdir(short_temp)
+    assert os.path.dirname(short.path) == short_temp

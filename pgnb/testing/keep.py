@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from ..core.files import MAX_SOCKET_PATH
 from . import keeper
 
 OPTION = "--pgnb-keep"
@@ -34,8 +35,6 @@ INI = "pgnb_keep"
 IDLE_INI = "pgnb_keep_idle"
 #: Seconds a kept process waits for its next run before it ends (and stops its worlds).
 DEFAULT_IDLE = 600.0
-#: The longest path a Unix socket may have (Linux's sun_path, less its final NUL).
-MAX_SOCKET_PATH = 107
 _KEEPER = pytest.StashKey[tuple[str, str, float]]()  # a cold run's: the kept process to start when it ends
 _WARM = pytest.StashKey[dict[str, Any]]()  # what that process starts before the next run: worlds, preloads
 _FORKED = pytest.StashKey[Any]()  # that process, forked from this one at collection's end, waiting for its end
