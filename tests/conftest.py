@@ -16,8 +16,13 @@ import shutil
 import tempfile
 
 # What the tests and the processes they start leave in the temporary folder (ipykernel's cell files,
-# a killed run's files) goes in one folder of this session's, removed at its end (pytest_unconfigure).
-_session_temp = tempfile.mkdtemp(prefix="pgnb-tests-")
+# a killed run's files) goes in one folder of the run's, removed at its end by the session that made it
+# (pytest_unconfigure); pytest-xdist's workers share their controller's. 0711: daemons the tests start
+# (munged) want every folder above their sockets searchable by all; nobody else can list it.
+_PREFIX = "pgnb-tests-"
+_inherited = os.path.basename(os.environ.get("TMPDIR", "")).startswith(_PREFIX)
+_session_temp = os.environ["TMPDIR"] if _inherited else tempfile.mkdtemp(prefix=_PREFIX)
+os.chmod(_session_temp, 0o711)
 os.environ["TMPDIR"] = _session_temp
 tempfile.tempdir = None  # tempfile read TMPDIR once already
 
@@ -38,7 +43,8 @@ def pytest_addoption(parser):
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(_session_temp, ignore_errors=True)
+    if not _inherited:
+        shutil.rmtree(_session_temp, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
