@@ -163,7 +163,7 @@ class World:
 
     @property
     def scratch_dir(self) -> str:
-        """This world's 0700 directory for stack dumps and trace files (its reaper removes it too)."""
+        """This world's 0700 directory: stack dumps and sockets, trace files, FileStores (its reaper removes it too)."""
         if self._scratch is None:
             self._scratch = OwnedDir(prefix="pgnb-stacks-", sockets=True)  # ranks' stack sockets, the debug link
             if self._hosting is not None:  # if the kernel is killed, the reaper removes it with the rest
