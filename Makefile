@@ -92,14 +92,15 @@ matrix:
 matrix-venvs:
 	$(PYTHON) tests/support_matrix.py --install-only
 
-# the slow set, then every notebook replayed twice in a row (make test replays most of them once)
+# the slow set, then every notebook replayed twice in a row (make test replays most of them once); tests/conftest.py
+# gives each run its own IPYTHONDIR and temporary folder
 soak: test-venv user-venv
-	IPYTHONDIR=$$(mktemp -d) $(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py tests/test_busy.py tests/test_chaos.py tests/test_trace_under_load.py tests/test_slurm.py tests/test_torch_suites.py
-	IPYTHONDIR=$$(mktemp -d) PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest -m notebooks --run-slow tests/test_notebooks.py
+	$(PY) -m pytest -m slow --run-slow tests/test_soak.py tests/test_reliability.py tests/test_busy.py tests/test_chaos.py tests/test_trace_under_load.py tests/test_slurm.py tests/test_torch_suites.py
+	PGNB_USER_PYTHON=$(abspath $(USER_PY)) $(PY) -m pytest -m notebooks --run-slow tests/test_notebooks.py
 
 # docs/reliability.md's table, from a run of the reliability and soak tests
 reliability: test-venv
-	IPYTHONDIR=$$(mktemp -d) $(PY) tests/reliability_table.py --run-slow tests/test_reliability.py tests/test_soak.py tests/test_chaos.py
+	$(PY) tests/reliability_table.py --run-slow tests/test_reliability.py tests/test_soak.py tests/test_chaos.py
 
 # docs/performance.md's table, from a full run
 bench: test-venv
